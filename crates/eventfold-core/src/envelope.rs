@@ -1,0 +1,115 @@
+//! The record envelope shared by every backend: header names (part of the contract),
+//! the record itself, the event shape of the HTTP API and command outcomes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Header names on every record (DESIGN §2). Changing one breaks compatibility.
+pub mod headers {
+    /// Command or event type name.
+    pub const TYPE: &str = "ef-type";
+    /// UUID v7 of the record.
+    pub const ID: &str = "ef-id";
+    /// Aggregate id.
+    pub const AGGREGATE_ID: &str = "ef-aggregate-id";
+    /// Event version, 1-based and contiguous per aggregate.
+    pub const VERSION: &str = "ef-version";
+    /// The command that caused the record.
+    pub const COMMAND_ID: &str = "ef-command-id";
+    /// Correlation id, carried from the first command of a flow.
+    pub const CORRELATION_ID: &str = "ef-correlation-id";
+    /// The id of the record that caused this one.
+    pub const CAUSATION_ID: &str = "ef-causation-id";
+    /// Partition of the results topic a gateway waits on.
+    pub const REPLY_PARTITION: &str = "ef-reply-partition";
+    /// MIME type of the value.
+    pub const CONTENT_TYPE: &str = "content-type";
+}
+
+/// One record of a log: what Kafka calls a record and the embedded log stores verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Record {
+    /// Partitioning key (the aggregate id for commands, events and state).
+    pub key: Vec<u8>,
+    /// The payload (JSON).
+    pub value: Vec<u8>,
+    /// Headers in order; names from [`headers`].
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+}
+
+impl Record {
+    /// The first header named `name`, if any.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
+    }
+
+    /// The first header named `name` as UTF-8 text, if present and valid.
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        self.header(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Appends a header.
+    pub fn with_header(mut self, name: &str, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.to_owned(), value.into()));
+        self
+    }
+}
+
+/// An event as the HTTP API shows it: `{version, type, id, command_id, timestamp, payload}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventView {
+    /// 1-based version of the aggregate after this event.
+    pub version: u64,
+    /// Event type name.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// UUID v7 of the event record.
+    pub id: String,
+    /// The command that produced it.
+    pub command_id: String,
+    /// RFC 3339 timestamp of the command record.
+    pub timestamp: String,
+    /// The event document as the aggregate serialized it.
+    pub payload: Box<RawValue>,
+}
+
+impl PartialEq for EventView {
+    fn eq(&self, other: &Self) -> bool {
+        self.version == other.version
+            && self.event_type == other.event_type
+            && self.id == other.id
+            && self.command_id == other.command_id
+            && self.timestamp == other.timestamp
+            && self.payload.get() == other.payload.get()
+    }
+}
+
+/// A successful command: the body of HTTP 200.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Accepted {
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// The aggregate's version after the command.
+    pub version: u64,
+    /// The events the command wrote (possibly none).
+    pub events: Vec<EventView>,
+    /// Opaque token for read-your-writes (`min_position`).
+    pub position: String,
+}
+
+/// The outcome of a command, stored for deduplication and returned to every retry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Events were written.
+    Accepted(Accepted),
+    /// The aggregate refused the command (HTTP 422); nothing was written.
+    Rejected {
+        /// Stable code from [`crate::Reject::code`].
+        error: String,
+        /// Human sentence.
+        message: String,
+    },
+}

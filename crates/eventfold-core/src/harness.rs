@@ -1,0 +1,119 @@
+//! A given/when/then harness for aggregates, part of the public API so users test their
+//! domain rules without any runtime:
+//!
+//! ```ignore
+//! AggregateTest::<Order>::new()
+//!     .given([OrderEvent::OrderPlaced { .. }])
+//!     .when(OrderCommand::ConfirmOrder)
+//!     .then([OrderEvent::OrderConfirmed]);
+//! ```
+
+use crate::aggregate::{Aggregate, Context, Reject};
+use serde::Serialize;
+
+/// Test driver for one aggregate instance.
+pub struct AggregateTest<A: Aggregate> {
+    id: String,
+    state: A,
+    version: u64,
+    config: A::Config,
+    timestamp_ms: i64,
+}
+
+impl<A: Aggregate> Default for AggregateTest<A> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<A: Aggregate> AggregateTest<A> {
+    /// A fresh aggregate with id `test-1`, default config and timestamp 0.
+    pub fn new() -> Self {
+        Self { id: "test-1".into(), state: A::default(), version: 0, config: A::Config::default(), timestamp_ms: 0 }
+    }
+
+    /// Uses `config` for `handle`.
+    pub fn with_config(mut self, config: A::Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Uses `timestamp_ms` as the command timestamp.
+    pub fn at(mut self, timestamp_ms: i64) -> Self {
+        self.timestamp_ms = timestamp_ms;
+        self
+    }
+
+    /// Applies past events.
+    pub fn given(mut self, events: impl IntoIterator<Item = A::Event>) -> Self {
+        for e in events {
+            self.state.apply(&e);
+            self.version += 1;
+        }
+        self
+    }
+
+    /// Runs `handle` and, on success, applies the events.
+    pub fn when(self, command: A::Command) -> Then<A> {
+        let ctx = Context { aggregate_id: &self.id, version: self.version, timestamp_ms: self.timestamp_ms, config: &self.config };
+        let result = self.state.handle(command, &ctx);
+        let mut state = self.state;
+        if let Ok(events) = &result {
+            for e in events {
+                state.apply(e);
+            }
+        }
+        Then { result, state }
+    }
+}
+
+/// The result of [`AggregateTest::when`], to assert on.
+pub struct Then<A: Aggregate> {
+    result: Result<Vec<A::Event>, A::Rejection>,
+    state: A,
+}
+
+fn json<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("serializable")
+}
+
+impl<A: Aggregate> Then<A> {
+    /// Asserts the command was accepted with exactly `expected` events (compared as JSON).
+    #[track_caller]
+    pub fn then(self, expected: impl IntoIterator<Item = A::Event>) -> Self {
+        let expected: Vec<_> = expected.into_iter().map(|e| json(&e)).collect();
+        match &self.result {
+            Ok(events) => {
+                let got: Vec<_> = events.iter().map(json).collect();
+                assert_eq!(got, expected, "events differ");
+            }
+            Err(r) => panic!("expected events {expected:?}, got rejection {}: {r}", r.code()),
+        }
+        self
+    }
+
+    /// Asserts the command was rejected with `code`.
+    #[track_caller]
+    pub fn then_rejected(self, code: &str) -> Self {
+        match &self.result {
+            Ok(events) => panic!(
+                "expected rejection {code}, got events {:?}",
+                events.iter().map(json).collect::<Vec<_>>()
+            ),
+            Err(r) => assert_eq!(r.code(), code, "rejection code differs (message: {r})"),
+        }
+        self
+    }
+
+    /// Runs `check` on the state after the events were applied.
+    #[track_caller]
+    pub fn then_state(self, check: impl FnOnce(&A)) -> Self {
+        check(&self.state);
+        self
+    }
+
+    /// The raw result, for custom assertions.
+    pub fn result(&self) -> &Result<Vec<A::Event>, A::Rejection> {
+        &self.result
+    }
+}

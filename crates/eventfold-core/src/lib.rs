@@ -1,0 +1,20 @@
+//! eventfold-core: the pure heart of eventfold.
+//!
+//! Everything a user writes (aggregates) and everything the other crates agree on
+//! (the record envelope, header names, positions, outcomes, partitioning) lives here.
+//! **API boundary:** this crate does no I/O, spawns nothing and reads no clock.
+
+pub mod aggregate;
+pub mod codec;
+pub mod envelope;
+pub mod error;
+pub mod harness;
+pub mod partition;
+pub mod position;
+pub mod time;
+
+pub use aggregate::{Aggregate, Context, Reject};
+pub use envelope::{EventView, Outcome, Record};
+pub use error::{Error, Result};
+pub use harness::AggregateTest;
+pub use position::Position;

@@ -1,0 +1,229 @@
+//! The embedded log: records in the local fjall store, group commit on one writer thread.
+//!
+//! Every commit unit is sent to the committer thread. It takes all units waiting (up to
+//! a bound), assigns offsets, and writes them as **one** fjall batch with **one** fsync,
+//! then answers every caller. One command alone is committed at once; under load many
+//! commands share an fsync. Offsets advance in memory only after the batch is durable.
+
+use crate::{Append, CommitUnit, Error, Log, Receipt, Result, offset_key};
+use async_trait::async_trait;
+use eventfold_core::Record;
+use eventfold_store::{Batch, Store};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{mpsc, oneshot};
+
+/// Limits and switches of the embedded log.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Partitions per topic.
+    pub partitions: u32,
+    /// fsync every group commit (turn off only for throwaway benchmarks).
+    pub fsync: bool,
+    /// Largest commit unit accepted, in bytes.
+    pub max_unit_bytes: usize,
+    /// Most bytes merged into one group commit.
+    pub max_group_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { partitions: 8, fsync: true, max_unit_bytes: 16 << 20, max_group_bytes: 32 << 20 }
+    }
+}
+
+/// Counters of the committer, for metrics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Group commits written (= fsyncs when fsync is on).
+    pub group_commits: AtomicU64,
+    /// Commit units written.
+    pub units: AtomicU64,
+    /// Records appended.
+    pub records: AtomicU64,
+}
+
+type Job = (CommitUnit, oneshot::Sender<Result<Receipt>>);
+
+/// The embedded backend of [`Log`].
+pub struct EmbeddedLog {
+    store: Store,
+    options: Options,
+    tx: mpsc::Sender<Job>,
+    stats: Arc<Stats>,
+}
+
+impl EmbeddedLog {
+    /// Opens the log on `store` and starts its committer thread.
+    pub fn open(store: Store, options: Options) -> Result<Self> {
+        assert!(options.partitions > 0, "partitions must be positive");
+        let (tx, rx) = mpsc::channel::<Job>(4096);
+        let stats = Arc::new(Stats::default());
+        let committer = Committer { store: store.clone(), options: options.clone(), ends: HashMap::new(), stats: stats.clone() };
+        std::thread::Builder::new()
+            .name("eventfold-commit".into())
+            .spawn(move || committer.run(rx))
+            .map_err(|e| Error::Closed(format!("cannot start the committer thread: {e}")))?;
+        Ok(Self { store, options, tx, stats })
+    }
+
+    /// Committer counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
+        if partition >= self.options.partitions {
+            return Err(Error::NoSuchPartition { topic: topic.to_owned(), partition, partitions: self.options.partitions });
+        }
+        Ok(())
+    }
+}
+
+struct Committer {
+    store: Store,
+    options: Options,
+    ends: HashMap<(Arc<str>, u32), u64>,
+    stats: Arc<Stats>,
+}
+
+impl Committer {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut jobs = vec![first];
+            let mut bytes = jobs[0].0.local.bytes();
+            while bytes < self.options.max_group_bytes {
+                match rx.try_recv() {
+                    Ok(job) => {
+                        bytes += job.0.local.bytes() + job.0.appends.iter().map(|a| a.record.value.len()).sum::<usize>();
+                        jobs.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(jobs);
+        }
+    }
+
+    fn end(&mut self, topic: &Arc<str>, partition: u32) -> Result<u64> {
+        if let Some(e) = self.ends.get(&(topic.clone(), partition)) {
+            return Ok(*e);
+        }
+        let e = self.store.log_end(topic, partition)?;
+        self.ends.insert((topic.clone(), partition), e);
+        Ok(e)
+    }
+
+    fn commit_group(&mut self, jobs: Vec<Job>) {
+        let mut batch = Batch::new();
+        let mut next: HashMap<(Arc<str>, u32), u64> = HashMap::new();
+        let mut receipts = Vec::with_capacity(jobs.len());
+        let mut replies = Vec::with_capacity(jobs.len());
+        let (mut units, mut records) = (0u64, 0u64);
+        for (unit, reply) in jobs {
+            match self.stage(unit, &mut batch, &mut next) {
+                Ok(receipt) => {
+                    units += 1;
+                    records += receipt.offsets.len() as u64;
+                    receipts.push(Some(receipt));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    continue;
+                }
+            }
+            replies.push(reply);
+        }
+        let result = self.store.commit(batch, self.options.fsync);
+        match result {
+            Ok(()) => {
+                self.ends.extend(next);
+                self.stats.group_commits.fetch_add(1, Ordering::Relaxed);
+                self.stats.units.fetch_add(units, Ordering::Relaxed);
+                self.stats.records.fetch_add(records, Ordering::Relaxed);
+                for (reply, receipt) in replies.into_iter().zip(receipts) {
+                    let _ = reply.send(Ok(receipt.expect("staged units have receipts")));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "group commit failed; no unit of it was written");
+                let msg = e.to_string();
+                for reply in replies {
+                    let _ = reply.send(Err(Error::Closed(format!("group commit failed: {msg}"))));
+                }
+            }
+        }
+    }
+
+    /// Adds one unit to the group batch; a unit that cannot be staged fails alone.
+    fn stage(&mut self, unit: CommitUnit, batch: &mut Batch, next: &mut HashMap<(Arc<str>, u32), u64>) -> Result<Receipt> {
+        let bytes = unit.local.bytes() + unit.appends.iter().map(|a| a.record.value.len() + a.record.key.len()).sum::<usize>();
+        if bytes > self.options.max_unit_bytes {
+            return Err(Error::TooLarge { bytes, limit: self.options.max_unit_bytes });
+        }
+        for a in &unit.appends {
+            if a.partition >= self.options.partitions {
+                return Err(Error::NoSuchPartition { topic: a.topic.to_string(), partition: a.partition, partitions: self.options.partitions });
+            }
+            Store::check_key("topic", &a.topic)?;
+        }
+        let mut local_next: HashMap<(Arc<str>, u32), u64> = HashMap::new();
+        let mut offsets = Vec::with_capacity(unit.appends.len());
+        for Append { topic, partition, record, entity } in &unit.appends {
+            let k = (topic.clone(), *partition);
+            let off = match local_next.get(&k).or_else(|| next.get(&k)) {
+                Some(o) => *o,
+                None => self.end(topic, *partition)?,
+            };
+            batch.put_log(topic, *partition, off, record);
+            if let Some((id, version)) = entity {
+                batch.put_entity(topic, id, *version, *partition, off);
+            }
+            local_next.insert(k, off + 1);
+            offsets.push(off);
+        }
+        for c in &unit.consumed {
+            batch.put_meta(&offset_key(&c.group, &c.topic, c.partition), c.next_offset);
+        }
+        next.extend(local_next);
+        batch.append(unit.local);
+        Ok(Receipt { offsets })
+    }
+}
+
+#[async_trait]
+impl Log for EmbeddedLog {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.options.partitions
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    async fn commit(&self, unit: CommitUnit) -> Result<Receipt> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send((unit, tx)).await.map_err(|_| Error::Closed("committer thread stopped".into()))?;
+        rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
+    }
+
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+        self.check_partition(topic, partition)?;
+        Ok(self.store.read_log(topic, partition, from, max)?)
+    }
+
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        self.check_partition(topic, partition)?;
+        Ok(self.store.log_end(topic, partition)?)
+    }
+
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        self.check_partition(topic, partition)?;
+        Ok(self.store.get_meta(&offset_key(group, topic, partition))?)
+    }
+}

@@ -1,0 +1,111 @@
+//! eventfold-log: the `Log` seam between the runtime and where records live.
+//!
+//! A [`Log`] has topics split in partitions; records are appended in **commit units**
+//! ([`CommitUnit`]): records for any topic-partitions, the consumed input offsets, and the
+//! local store changes that go with them. A unit is atomic: all of it becomes durable and
+//! visible, or none of it. The embedded backend ([`embedded::EmbeddedLog`]) makes a unit
+//! one fsynced fjall batch; the Kafka backend makes it one Kafka transaction followed by
+//! the local store write.
+//!
+//! [`conformance`] is the test suite every backend must pass.
+//!
+//! **API boundary:** only this crate talks to log backends (fjall's log table here,
+//! rdkafka in Kafka mode); the runtime sees the trait.
+
+pub mod conformance;
+pub mod embedded;
+
+use async_trait::async_trait;
+use eventfold_core::Record;
+use eventfold_store::{Batch, Store};
+use std::sync::Arc;
+
+/// Errors of a log backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The local store failed or holds a corrupt record.
+    #[error(transparent)]
+    Store(#[from] eventfold_store::Error),
+    /// The unit is larger than the backend accepts.
+    #[error("commit unit of {bytes} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { bytes: usize, limit: usize },
+    /// A partition outside `0..partitions`.
+    #[error("partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)")]
+    NoSuchPartition { topic: String, partition: u32, partitions: u32 },
+    /// The backend is shut down or its writer died.
+    #[error("log is closed: {0}")]
+    Closed(String),
+}
+
+/// Result alias of eventfold-log.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A record to append to `topic`/`partition`.
+#[derive(Debug, Clone)]
+pub struct Append {
+    /// Topic name, e.g. `shop.order.events`.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: u32,
+    /// The record.
+    pub record: Record,
+    /// When set, `(entity, version)` is indexed so that the entity's records can be read
+    /// without a scan (see [`Store::entity_events`]).
+    pub entity: Option<(Vec<u8>, u64)>,
+}
+
+/// Input consumed by a commit: the next offset to read of `topic`/`partition` for `group`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumed {
+    /// Consumer group.
+    pub group: String,
+    /// Input topic.
+    pub topic: Arc<str>,
+    /// Input partition.
+    pub partition: u32,
+    /// Offset of the next record to consume.
+    pub next_offset: u64,
+}
+
+/// One atomic unit: all of it is committed, or none of it.
+#[derive(Debug, Default)]
+pub struct CommitUnit {
+    /// Records to append, in order.
+    pub appends: Vec<Append>,
+    /// Input offsets consumed by this unit.
+    pub consumed: Vec<Consumed>,
+    /// Local store changes (state rows, dedup records, checkpoints).
+    pub local: Batch,
+}
+
+/// What a commit assigned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The offset of each append, in the unit's order.
+    pub offsets: Vec<u64>,
+}
+
+/// A partitioned, append-only log with atomic commit units.
+#[async_trait]
+pub trait Log: Send + Sync + 'static {
+    /// Backend name for logs and metrics (`embedded`, `kafka`).
+    fn backend(&self) -> &'static str;
+    /// The partition count of every topic of the app.
+    fn partitions(&self) -> u32;
+    /// The local store this log commits `CommitUnit::local` into.
+    fn store(&self) -> &Store;
+    /// Commits a unit atomically and durably; returns once it is durable.
+    async fn commit(&self, unit: CommitUnit) -> Result<Receipt>;
+    /// Reads up to `max` committed records from `from` on.
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>>;
+    /// The offset after the last committed record.
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64>;
+    /// The committed consume offset of `group` for `topic`/`partition`.
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
+}
+
+/// The name of the meta entry holding a consumer group's offset.
+pub fn offset_key(group: &str, topic: &str, partition: u32) -> String {
+    format!("offset/{group}/{topic}/{partition}")
+}

@@ -1,0 +1,59 @@
+//! The Log conformance suite against the embedded backend.
+
+use async_trait::async_trait;
+use eventfold_log::conformance::{Factory, run_all};
+use eventfold_log::embedded::{EmbeddedLog, Options};
+use eventfold_log::Log;
+use eventfold_store::{Store, StoreOptions};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Reopens the same directory; the previous store handle is dropped first because a fjall
+/// database is locked by one process handle at a time.
+struct Embedded {
+    dir: PathBuf,
+    current: Mutex<Option<Arc<dyn Log>>>,
+}
+
+#[async_trait]
+impl Factory for Embedded {
+    async fn open(&self) -> Arc<dyn Log> {
+        let mut cur = self.current.lock().unwrap();
+        if let Some(log) = cur.as_ref() {
+            return log.clone();
+        }
+        let store = Store::open(&self.dir, &StoreOptions::default()).unwrap();
+        let log: Arc<dyn Log> = Arc::new(EmbeddedLog::open(store, Options { partitions: 4, ..Options::default() }).unwrap());
+        *cur = Some(log.clone());
+        log
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_log_passes_the_conformance_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Embedded { dir: dir.path().to_owned(), current: Mutex::new(None) };
+    run_all(&f, "conf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_log_survives_a_real_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        EmbeddedLog::open(store, Options { partitions: 2, ..Options::default() }).unwrap()
+    };
+    let t: Arc<str> = Arc::from("re.events");
+    {
+        let log = open();
+        let unit = eventfold_log::CommitUnit {
+            appends: vec![eventfold_log::Append { topic: t.clone(), partition: 1, record: Default::default(), entity: None }],
+            ..Default::default()
+        };
+        log.commit(unit).await.unwrap();
+    }
+    // The committer thread of the first log holds a store clone until its channel closes.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let log = open();
+    assert_eq!(log.end_offset(&t, 1).await.unwrap(), 1);
+}

@@ -1,0 +1,33 @@
+//! eventfold-store: the local store on fjall.
+//!
+//! One fjall database holds every table eventfold keeps on a machine: the embedded log,
+//! aggregate state, dedup records with their expiry index, the per-entity event index and
+//! checkpoints. A [`Batch`] collects changes to any of them and [`Store::commit`] writes
+//! it as **one atomic fjall batch**, optionally fsynced.
+//!
+//! *Invariant:* every stored value is framed with a CRC32 written before the write and
+//! checked after every read; a mismatch is [`Error::Corrupt`], naming table and key.
+
+mod codec;
+mod store;
+
+pub use codec::{decode_record, encode_record};
+pub use store::{Batch, DedupRow, EntityEvent, StateRow, Store, StoreOptions, Table};
+
+/// Errors of the local store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The underlying database failed (I/O, poisoned journal, ...).
+    #[error("storage error: {0}")]
+    Storage(#[from] fjall::Error),
+    /// A stored value failed its checksum or could not be decoded.
+    #[error("corrupt record in table `{table}` at key {key}: {reason}")]
+    Corrupt { table: &'static str, key: String, reason: String },
+    /// A key component is outside what the store accepts.
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
+}
+
+/// Result alias of eventfold-store.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

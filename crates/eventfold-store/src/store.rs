@@ -1,0 +1,507 @@
+//! The fjall-backed store: tables, typed reads and atomic batches.
+
+use crate::codec::{Reader, decode_record, encode_record, frame, unframe};
+use crate::{Error, Result};
+use eventfold_core::Record;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use std::path::Path;
+
+/// The tables of the store. Names are stable: they are the fjall keyspace names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// Embedded log records: `topic 0 partition(u32 BE) offset(u64 BE)` -> framed record.
+    Log,
+    /// Per-entity event index: `topic 0 entity 0 version(u64 BE)` -> `(partition, offset)`.
+    Entity,
+    /// Aggregate state: `type 0 id` -> `(version, state JSON)`.
+    State,
+    /// Dedup outcomes: `type 0 partition(u32 BE) command id` -> `(timestamp, outcome JSON)`.
+    Dedup,
+    /// Dedup expiry index: `type 0 partition(u32 BE) timestamp(u64 BE) command id` -> empty.
+    DedupExpiry,
+    /// Checkpoints and consumer offsets: name -> u64.
+    Meta,
+}
+
+impl Table {
+    /// All tables.
+    pub const ALL: [Table; 6] = [Table::Log, Table::Entity, Table::State, Table::Dedup, Table::DedupExpiry, Table::Meta];
+
+    /// The keyspace name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Log => "log",
+            Table::Entity => "entity",
+            Table::State => "state",
+            Table::Dedup => "dedup",
+            Table::DedupExpiry => "dedup_expiry",
+            Table::Meta => "meta",
+        }
+    }
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Block cache size in bytes.
+    pub cache_bytes: u64,
+    /// A temporary database (deleted when dropped); for tests and benchmarks.
+    pub temporary: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self { cache_bytes: 256 << 20, temporary: false }
+    }
+}
+
+/// Aggregate state as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRow {
+    /// Number of events folded into `json`.
+    pub version: u64,
+    /// The serialized state.
+    pub json: Vec<u8>,
+}
+
+/// A stored command outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupRow {
+    /// When the command was processed (ms since epoch).
+    pub timestamp_ms: i64,
+    /// The outcome JSON.
+    pub outcome: Vec<u8>,
+}
+
+/// One event found through the per-entity index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityEvent {
+    /// Version of the entity after the event.
+    pub version: u64,
+    /// Log partition.
+    pub partition: u32,
+    /// Log offset.
+    pub offset: u64,
+    /// The record.
+    pub record: Record,
+}
+
+/// The local store. Cheap to clone; all clones share one database.
+#[derive(Clone)]
+pub struct Store {
+    db: Database,
+    tables: [Keyspace; 6],
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+fn check_component(what: &str, s: &[u8]) -> Result<()> {
+    if s.is_empty() || s.contains(&0) || s.len() > 1024 {
+        return Err(Error::InvalidKey(format!("{what} must be 1..=1024 bytes without NUL")));
+    }
+    Ok(())
+}
+
+fn key2(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(a.len() + b.len() + 1);
+    k.extend_from_slice(a);
+    k.push(0);
+    k.extend_from_slice(b);
+    k
+}
+
+fn log_key(topic: &str, partition: u32, offset: u64) -> Vec<u8> {
+    let mut k = log_prefix(topic, partition);
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
+    let mut k = key2(topic.as_bytes(), &partition.to_be_bytes());
+    k.truncate(topic.len() + 1 + 4);
+    k
+}
+
+fn entity_prefix(topic: &str, entity: &[u8]) -> Vec<u8> {
+    let mut k = key2(topic.as_bytes(), entity);
+    k.push(0);
+    k
+}
+
+fn dedup_prefix(agg_type: &str, partition: u32) -> Vec<u8> {
+    key2(agg_type.as_bytes(), &partition.to_be_bytes())
+}
+
+/// Orders signed timestamps correctly as unsigned big-endian bytes.
+fn ts_key(ts: i64) -> [u8; 8] {
+    ((ts as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn printable(key: &[u8]) -> String {
+    key.iter()
+        .map(|&b| if b.is_ascii_graphic() { (b as char).to_string() } else { format!("\\x{b:02x}") })
+        .collect()
+}
+
+fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
+    Error::Corrupt { table: table.name(), key: printable(key), reason }
+}
+
+/// Changes to any tables, written atomically by [`Store::commit`]. Values are encoded
+/// and checksummed when added, so encoding runs on the caller's thread.
+#[derive(Debug, Default)]
+pub struct Batch {
+    ops: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Approximate size in bytes of keys and values.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Moves all operations of `other` into this batch, after the existing ones.
+    pub fn append(&mut self, other: Batch) {
+        self.bytes += other.bytes;
+        self.ops.extend(other.ops);
+    }
+
+    fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
+        self.bytes += key.len() + value.len();
+        self.ops.push((table, key, Some(value)));
+    }
+
+    fn delete(&mut self, table: Table, key: Vec<u8>) {
+        self.bytes += key.len();
+        self.ops.push((table, key, None));
+    }
+
+    /// Appends a log record at `offset`.
+    pub fn put_log(&mut self, topic: &str, partition: u32, offset: u64, record: &Record) {
+        self.put(Table::Log, log_key(topic, partition, offset), frame(&encode_record(record)));
+    }
+
+    /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
+    pub fn put_entity(&mut self, topic: &str, entity: &[u8], version: u64, partition: u32, offset: u64) {
+        let mut k = entity_prefix(topic, entity);
+        k.extend_from_slice(&version.to_be_bytes());
+        let mut v = Vec::with_capacity(12);
+        v.extend_from_slice(&partition.to_le_bytes());
+        v.extend_from_slice(&offset.to_le_bytes());
+        self.put(Table::Entity, k, frame(&v));
+    }
+
+    /// Sets the state of aggregate `id` of `agg_type`.
+    pub fn put_state(&mut self, agg_type: &str, id: &str, version: u64, json: &[u8]) {
+        let mut v = Vec::with_capacity(8 + json.len());
+        v.extend_from_slice(&version.to_le_bytes());
+        v.extend_from_slice(json);
+        self.put(Table::State, key2(agg_type.as_bytes(), id.as_bytes()), frame(&v));
+    }
+
+    /// Records the outcome of `command_id`, expiring from `timestamp_ms` + window.
+    pub fn put_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64, outcome: &[u8]) {
+        let prefix = dedup_prefix(agg_type, partition);
+        let mut k = prefix.clone();
+        k.extend_from_slice(command_id.as_bytes());
+        let mut v = Vec::with_capacity(8 + outcome.len());
+        v.extend_from_slice(&timestamp_ms.to_le_bytes());
+        v.extend_from_slice(outcome);
+        self.put(Table::Dedup, k, frame(&v));
+        let mut ek = prefix;
+        ek.extend_from_slice(&ts_key(timestamp_ms));
+        ek.extend_from_slice(command_id.as_bytes());
+        self.put(Table::DedupExpiry, ek, Vec::new());
+    }
+
+    /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
+    pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
+        let prefix = dedup_prefix(agg_type, partition);
+        let mut k = prefix.clone();
+        k.extend_from_slice(command_id.as_bytes());
+        self.delete(Table::Dedup, k);
+        let mut ek = prefix;
+        ek.extend_from_slice(&ts_key(timestamp_ms));
+        ek.extend_from_slice(command_id.as_bytes());
+        self.delete(Table::DedupExpiry, ek);
+    }
+
+    /// Sets the checkpoint or offset `name` to `value`.
+    pub fn put_meta(&mut self, name: &str, value: u64) {
+        self.put(Table::Meta, name.as_bytes().to_vec(), frame(&value.to_le_bytes()));
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path`; fjall replays its journal on open.
+    pub fn open(path: &Path, options: &StoreOptions) -> Result<Self> {
+        let db = Database::builder(path)
+            .cache_size(options.cache_bytes)
+            .manual_journal_persist(true)
+            .temporary(options.temporary)
+            .open()?;
+        let open = |t: Table| db.keyspace(t.name(), KeyspaceCreateOptions::default);
+        let tables = [
+            open(Table::Log)?,
+            open(Table::Entity)?,
+            open(Table::State)?,
+            open(Table::Dedup)?,
+            open(Table::DedupExpiry)?,
+            open(Table::Meta)?,
+        ];
+        Ok(Self { db, tables })
+    }
+
+    fn table(&self, t: Table) -> &Keyspace {
+        &self.tables[Table::ALL.iter().position(|x| *x == t).expect("every table is opened")]
+    }
+
+    /// Writes `batch` atomically; with `durable`, fsyncs the journal before returning.
+    pub fn commit(&self, batch: Batch, durable: bool) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut b = self.db.batch().durability(Some(if durable { PersistMode::SyncData } else { PersistMode::Buffer }));
+        for (t, k, v) in batch.ops {
+            match v {
+                Some(v) => b.insert(self.table(t), k, v),
+                None => b.remove(self.table(t), k),
+            }
+        }
+        b.commit()?;
+        Ok(())
+    }
+
+    /// Validates a key component (topic, type, id) before it is used in a key.
+    pub fn check_key(what: &str, s: &str) -> Result<()> {
+        check_component(what, s.as_bytes())
+    }
+
+    /// The state of aggregate `id`, checksum verified.
+    pub fn get_state(&self, agg_type: &str, id: &str) -> Result<Option<StateRow>> {
+        let k = key2(agg_type.as_bytes(), id.as_bytes());
+        let Some(v) = self.table(Table::State).get(&k)? else { return Ok(None) };
+        let decode = || -> Result<StateRow, String> {
+            let mut r = Reader::new(unframe(&v)?);
+            let version = r.u64()?;
+            Ok(StateRow { version, json: r.rest().to_vec() })
+        };
+        decode().map(Some).map_err(|e| corrupt(Table::State, &k, e))
+    }
+
+    /// The stored outcome of `command_id`, checksum verified.
+    pub fn get_dedup(&self, agg_type: &str, partition: u32, command_id: &str) -> Result<Option<DedupRow>> {
+        let mut k = dedup_prefix(agg_type, partition);
+        k.extend_from_slice(command_id.as_bytes());
+        let Some(v) = self.table(Table::Dedup).get(&k)? else { return Ok(None) };
+        let decode = || -> Result<DedupRow, String> {
+            let mut r = Reader::new(unframe(&v)?);
+            let timestamp_ms = r.i64()?;
+            Ok(DedupRow { timestamp_ms, outcome: r.rest().to_vec() })
+        };
+        decode().map(Some).map_err(|e| corrupt(Table::Dedup, &k, e))
+    }
+
+    /// Up to `max` dedup entries of a partition recorded before `before_ms`, oldest first,
+    /// as `(timestamp, command id)`.
+    pub fn expired_dedup(&self, agg_type: &str, partition: u32, before_ms: i64, max: usize) -> Result<Vec<(i64, String)>> {
+        let prefix = dedup_prefix(agg_type, partition);
+        let mut end = prefix.clone();
+        end.extend_from_slice(&ts_key(before_ms));
+        let mut out = Vec::new();
+        for kv in self.table(Table::DedupExpiry).range(prefix.clone()..end).take(max) {
+            let k = kv.key()?;
+            let rest = &k[prefix.len()..];
+            if rest.len() < 8 {
+                return Err(corrupt(Table::DedupExpiry, &k, "key shorter than its timestamp".into()));
+            }
+            let ts = (u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")) ^ (1 << 63)) as i64;
+            let id = String::from_utf8(rest[8..].to_vec())
+                .map_err(|_| corrupt(Table::DedupExpiry, &k, "command id is not UTF-8".into()))?;
+            out.push((ts, id));
+        }
+        Ok(out)
+    }
+
+    /// Reads up to `max` log records of `topic`/`partition` from `from` on.
+    pub fn read_log(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+        let start = log_key(topic, partition, from);
+        let end = log_key(topic, partition, u64::MAX);
+        let mut out = Vec::with_capacity(max.min(1024));
+        for kv in self.table(Table::Log).range(start..end).take(max) {
+            let (k, v) = kv.into_inner()?;
+            out.push((offset_of(&k), decode_framed_record(&k, &v)?));
+        }
+        Ok(out)
+    }
+
+    /// One log record, if present.
+    pub fn get_log(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>> {
+        let k = log_key(topic, partition, offset);
+        match self.table(Table::Log).get(&k)? {
+            Some(v) => decode_framed_record(&k, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The offset after the last record of `topic`/`partition` (0 when empty).
+    pub fn log_end(&self, topic: &str, partition: u32) -> Result<u64> {
+        let prefix = log_prefix(topic, partition);
+        match self.table(Table::Log).prefix(&prefix).next_back() {
+            Some(kv) => Ok(offset_of(&kv.key()?) + 1),
+            None => Ok(0),
+        }
+    }
+
+    /// Events of `entity` in `topic` from version `from_version` on (at most `max`),
+    /// through the per-entity index: costs that entity's events, not a scan.
+    pub fn entity_events(&self, topic: &str, entity: &[u8], from_version: u64, max: usize) -> Result<Vec<EntityEvent>> {
+        let prefix = entity_prefix(topic, entity);
+        let mut start = prefix.clone();
+        start.extend_from_slice(&from_version.to_be_bytes());
+        let mut end = prefix.clone();
+        end.extend_from_slice(&u64::MAX.to_be_bytes());
+        let mut out = Vec::new();
+        for kv in self.table(Table::Entity).range(start..end).take(max) {
+            let (k, v) = kv.into_inner()?;
+            let version = u64::from_be_bytes(k[prefix.len()..].try_into().map_err(|_| {
+                corrupt(Table::Entity, &k, "key does not end in a version".into())
+            })?);
+            let (partition, offset) = (|| -> Result<(u32, u64), String> {
+                let mut r = Reader::new(unframe(&v)?);
+                let p = r.u32()?;
+                let o = r.u64()?;
+                r.finish()?;
+                Ok((p, o))
+            })()
+            .map_err(|e| corrupt(Table::Entity, &k, e))?;
+            let record = self.get_log(topic, partition, offset)?.ok_or_else(|| {
+                corrupt(Table::Entity, &k, format!("points at missing log record {topic}/{partition}@{offset}"))
+            })?;
+            out.push(EntityEvent { version, partition, offset, record });
+        }
+        Ok(out)
+    }
+
+    /// The checkpoint or offset `name`.
+    pub fn get_meta(&self, name: &str) -> Result<Option<u64>> {
+        let Some(v) = self.table(Table::Meta).get(name.as_bytes())? else { return Ok(None) };
+        let decode = || -> Result<u64, String> {
+            let mut r = Reader::new(unframe(&v)?);
+            let x = r.u64()?;
+            r.finish()?;
+            Ok(x)
+        };
+        decode().map(Some).map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
+    }
+
+    /// Bytes on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.db.disk_space().unwrap_or(0)
+    }
+
+    /// **Testing and repair tools only.** Overwrites the raw stored value of the state row of
+    /// `agg_type`/`id` with `value`, bypassing framing, to simulate on-disk corruption.
+    #[doc(hidden)]
+    pub fn overwrite_state_raw(&self, agg_type: &str, id: &str, value: &[u8]) -> Result<()> {
+        self.table(Table::State).insert(key2(agg_type.as_bytes(), id.as_bytes()), value.to_vec())?;
+        self.db.persist(PersistMode::SyncAll)?;
+        Ok(())
+    }
+}
+
+fn offset_of(log_key: &[u8]) -> u64 {
+    let n = log_key.len();
+    u64::from_be_bytes(log_key[n - 8..].try_into().expect("log keys end in an offset"))
+}
+
+fn decode_framed_record(k: &[u8], v: &[u8]) -> Result<Record> {
+    unframe(v).and_then(decode_record).map_err(|e| corrupt(Table::Log, k, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        (dir, s)
+    }
+
+    fn rec(v: &str) -> Record {
+        Record { key: b"k".to_vec(), value: v.as_bytes().to_vec(), headers: vec![], timestamp_ms: 5 }
+    }
+
+    #[test]
+    fn batch_writes_all_tables_atomically_and_reads_back() {
+        let (dir, s) = temp();
+        let mut b = Batch::new();
+        b.put_log("t", 1, 0, &rec("a"));
+        b.put_log("t", 1, 1, &rec("b"));
+        b.put_log("t", 2, 0, &rec("other partition"));
+        b.put_entity("t", b"k", 1, 1, 0);
+        b.put_entity("t", b"k", 2, 1, 1);
+        b.put_state("order", "k", 2, b"{}");
+        b.put_dedup("order", 1, "c1", 100, b"{\"x\":1}");
+        b.put_meta("ckpt", 42);
+        s.commit(b, true).unwrap();
+        drop(s);
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert_eq!(s.log_end("t", 1).unwrap(), 2);
+        assert_eq!(s.log_end("t", 3).unwrap(), 0);
+        assert_eq!(s.read_log("t", 1, 1, 10).unwrap(), vec![(1, rec("b"))]);
+        let ev = s.entity_events("t", b"k", 2, 10).unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!((ev[0].version, ev[0].record.value.as_slice()), (2, b"b".as_slice()));
+        assert_eq!(s.get_state("order", "k").unwrap(), Some(StateRow { version: 2, json: b"{}".to_vec() }));
+        assert_eq!(s.get_dedup("order", 1, "c1").unwrap().unwrap().timestamp_ms, 100);
+        assert_eq!(s.get_meta("ckpt").unwrap(), Some(42));
+    }
+
+    #[test]
+    fn expired_dedup_is_listed_in_time_order_and_deleted() {
+        let (_dir, s) = temp();
+        let mut b = Batch::new();
+        b.put_dedup("order", 0, "late", 300, b"{}");
+        b.put_dedup("order", 0, "early", -5, b"{}");
+        b.put_dedup("order", 1, "other", 1, b"{}");
+        s.commit(b, false).unwrap();
+        let exp = s.expired_dedup("order", 0, 200, 10).unwrap();
+        assert_eq!(exp, vec![(-5, "early".to_owned())]);
+        let mut b = Batch::new();
+        b.delete_dedup("order", 0, "early", -5);
+        s.commit(b, false).unwrap();
+        assert!(s.get_dedup("order", 0, "early").unwrap().is_none());
+        assert!(s.expired_dedup("order", 0, 200, 10).unwrap().is_empty());
+        assert!(s.get_dedup("order", 0, "late").unwrap().is_some());
+    }
+
+    #[test]
+    fn corruption_is_reported_with_table_and_key() {
+        let (_dir, s) = temp();
+        s.overwrite_state_raw("order", "o-9", b"garbage!").unwrap();
+        let err = s.get_state("order", "o-9").unwrap_err().to_string();
+        assert!(err.contains("table `state`") && err.contains("o-9") && err.contains("checksum"), "{err}");
+    }
+}

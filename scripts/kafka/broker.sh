@@ -1,0 +1,468 @@
+#!/usr/bin/env bash
+# Runs a real single-node Apache Kafka 4.x broker (KRaft, broker+controller in one JVM)
+# for eventfold development and tests, from jars resolved by Maven (scripts/kafka/pom.xml).
+# See usage() below or scripts/kafka/README.md.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+POM="$SCRIPT_DIR/pom.xml"
+
+log() { printf '[kafka] %s\n' "$*" >&2; }
+die() {
+  printf '\n[kafka] ERROR: %s\n\n' "$*" >&2
+  exit 1
+}
+
+usage() {
+  cat >&2 <<EOF
+Usage: scripts/kafka/broker.sh <command>
+
+Runs a single-node Apache Kafka broker (KRaft, from Maven-resolved jars) for tests.
+
+Commands:
+  fetch     Resolve the broker jars with Maven into the cache (skipped when already complete).
+  start     Fetch if needed, write config, format storage (fresh unless KEEP_DATA=1), start the
+            broker in the background and wait until its client port accepts connections.
+            Does nothing if the broker of this state dir already runs.
+  stop      SIGTERM the broker, wait up to EVENTFOLD_KAFKA_STOP_TIMEOUT s, then SIGKILL.
+            Idempotent.
+  restart   stop, then start keeping the data (KEEP_DATA=1).
+  status    Print whether the broker runs and its bootstrap address (exit 0 running, 3 stopped).
+  logs      Print the last EVENTFOLD_KAFKA_LOG_TAIL lines of the broker log.
+
+Environment:
+  EVENTFOLD_CACHE               Cache root for the jars (default: \$HOME/.cache/eventfold);
+                                jars go to \$EVENTFOLD_CACHE/kafka-<version>/libs.
+  EVENTFOLD_KAFKA_DIR           State dir: config, data, pid file, broker.log
+                                (default: /tmp/eventfold-kafka).
+  EVENTFOLD_KAFKA_HOST          Listener/advertised host (default: 127.0.0.1).
+  EVENTFOLD_KAFKA_PORT          Client (PLAINTEXT) port (default: 9092); the controller listens
+                                on EVENTFOLD_KAFKA_PORT+1.
+  EVENTFOLD_KAFKA_START_TIMEOUT Seconds to wait for the client port at start (default: 90).
+  EVENTFOLD_KAFKA_STOP_TIMEOUT  Seconds to wait after SIGTERM before SIGKILL (default: 30).
+  KEEP_DATA                     1: start keeps the existing data dir instead of reformatting
+                                (default: 0; restart always keeps data).
+  EVENTFOLD_KAFKA_HEAP_OPTS     JVM heap options (default: -Xms256m -Xmx512m).
+  EVENTFOLD_KAFKA_JVM_OPTS      Extra JVM options, appended (default: empty).
+  EVENTFOLD_KAFKA_LOG_LEVEL     Root Log4j2 level of the broker log (default: INFO).
+  EVENTFOLD_KAFKA_EXTRA_CONFIG  Path of a properties file appended to server.properties
+                                (later keys win), e.g. to tweak transaction timeouts.
+  EVENTFOLD_KAFKA_LOG_TAIL      Lines of broker log shown on failure / by 'logs' (default: 80).
+  JAVA                          Java executable, 17+ (default: java).
+  MVN                           Maven executable (default: mvn).
+EOF
+}
+
+# ---------------------------------------------------------------- settings
+
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM" | head -n1)"
+[[ -n "$KAFKA_VERSION" ]] || die "cannot read <kafka.version> from $POM"
+
+CACHE_ROOT="${EVENTFOLD_CACHE:-${HOME:?HOME is not set}/.cache/eventfold}"
+KAFKA_HOME="$CACHE_ROOT/kafka-$KAFKA_VERSION"
+LIBS_DIR="$KAFKA_HOME/libs"
+FETCH_MARKER="$KAFKA_HOME/.fetch-complete"
+
+STATE_DIR="${EVENTFOLD_KAFKA_DIR:-/tmp/eventfold-kafka}"
+DATA_DIR="$STATE_DIR/data"
+PID_FILE="$STATE_DIR/broker.pid"
+LOG_FILE="$STATE_DIR/broker.log"
+BOOTSTRAP_FILE="$STATE_DIR/bootstrap"
+SERVER_PROPS="$STATE_DIR/server.properties"
+LOG4J_CONF="$STATE_DIR/log4j2.properties"
+
+HOST="${EVENTFOLD_KAFKA_HOST:-127.0.0.1}"
+PORT="${EVENTFOLD_KAFKA_PORT:-9092}"
+START_TIMEOUT="${EVENTFOLD_KAFKA_START_TIMEOUT:-90}"
+STOP_TIMEOUT="${EVENTFOLD_KAFKA_STOP_TIMEOUT:-30}"
+KEEP_DATA="${KEEP_DATA:-0}"
+HEAP_OPTS="${EVENTFOLD_KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
+EXTRA_JVM_OPTS="${EVENTFOLD_KAFKA_JVM_OPTS:-}"
+LOG_LEVEL="${EVENTFOLD_KAFKA_LOG_LEVEL:-INFO}"
+EXTRA_CONFIG="${EVENTFOLD_KAFKA_EXTRA_CONFIG:-}"
+LOG_TAIL="${EVENTFOLD_KAFKA_LOG_TAIL:-80}"
+JAVA="${JAVA:-java}"
+MVN="${MVN:-mvn}"
+
+# Fixed KRaft cluster id: 22 chars of URL-safe base64 (16 bytes: "eventfold-kafka1").
+CLUSTER_ID="ZXZlbnRmb2xkLWthZmthMQ"
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+is_uint "$PORT" && ((PORT >= 1 && PORT <= 65534)) ||
+  die "EVENTFOLD_KAFKA_PORT must be a port number in 1..65534 (got '$PORT')"
+CONTROLLER_PORT=$((PORT + 1))
+is_uint "$START_TIMEOUT" || die "EVENTFOLD_KAFKA_START_TIMEOUT must be whole seconds (got '$START_TIMEOUT')"
+is_uint "$STOP_TIMEOUT" || die "EVENTFOLD_KAFKA_STOP_TIMEOUT must be whole seconds (got '$STOP_TIMEOUT')"
+is_uint "$LOG_TAIL" || die "EVENTFOLD_KAFKA_LOG_TAIL must be a number (got '$LOG_TAIL')"
+[[ "$KEEP_DATA" == 0 || "$KEEP_DATA" == 1 ]] || die "KEEP_DATA must be 0 or 1 (got '$KEEP_DATA')"
+[[ -n "$STATE_DIR" && "$STATE_DIR" != "/" ]] || die "EVENTFOLD_KAFKA_DIR must not be empty or /"
+
+# ---------------------------------------------------------------- helpers
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# Exclusive lock on file $2 through file descriptor $1 (no-op without flock(1)).
+lock() {
+  local fd="$1" file="$2"
+  eval "exec $fd>\"\$file\""
+  if have flock; then
+    flock "$fd"
+  fi
+}
+unlock() { eval "exec $1>&-"; }
+
+sha256_of() {
+  if have sha256sum; then
+    sha256sum "$1" | cut -d' ' -f1
+  else
+    shasum -a 256 "$1" | cut -d' ' -f1
+  fi
+}
+
+# TCP connect probe: succeeds once something accepts connections on host:port.
+port_open() {
+  local host="$1" port="$2"
+  if have timeout; then
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null
+  else
+    bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null
+  fi
+}
+
+# True if $1 is a live (non-zombie) process running kafka.Kafka.
+is_broker_pid() {
+  local pid="$1" cmd state
+  [[ -n "$pid" ]] && is_uint "$pid" || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  if [[ -r "/proc/$pid/cmdline" ]]; then
+    state="$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)"
+    [[ "$state" != "Z" ]] || return 1
+    cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+  else
+    state="$(ps -o stat= -p "$pid" 2>/dev/null || true)"
+    [[ "$state" != Z* ]] || return 1
+    cmd="$(ps -o command= -p "$pid" 2>/dev/null || true)"
+  fi
+  [[ "$cmd" == *kafka.Kafka* ]]
+}
+
+# Prints the pid of the running broker of this state dir; fails if there is none.
+running_pid() {
+  local pid
+  [[ -f "$PID_FILE" ]] || return 1
+  pid="$(tr -dc '0-9' <"$PID_FILE")"
+  is_broker_pid "$pid" || return 1
+  printf '%s\n' "$pid"
+}
+
+show_log_tail() {
+  local file="${1:-$LOG_FILE}"
+  if [[ -s "$file" ]]; then
+    printf '[kafka] ---- last %s lines of %s ----\n' "$LOG_TAIL" "$file" >&2
+    tail -n "$LOG_TAIL" "$file" >&2
+    printf '[kafka] ---- end of %s ----\n' "$file" >&2
+  else
+    log "(log $file is empty or missing)"
+  fi
+}
+
+# Sends SIGTERM, waits up to STOP_TIMEOUT s, then SIGKILL. Returns once the process is gone.
+terminate() {
+  local pid="$1" deadline
+  kill -TERM "$pid" 2>/dev/null || true
+  deadline=$((SECONDS + STOP_TIMEOUT))
+  while is_broker_pid "$pid" && ((SECONDS < deadline)); do
+    sleep 0.2
+  done
+  if is_broker_pid "$pid"; then
+    log "broker (pid $pid) still alive after ${STOP_TIMEOUT}s: sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + 10))
+    while is_broker_pid "$pid" && ((SECONDS < deadline)); do
+      sleep 0.2
+    done
+    is_broker_pid "$pid" && die "broker (pid $pid) survived SIGKILL"
+  fi
+  # Reap it if it is our own child (start's failure path); harmless otherwise.
+  wait "$pid" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------- fetch
+
+fetch_wanted() { printf 'kafka=%s pom-sha256=%s\n' "$KAFKA_VERSION" "$(sha256_of "$POM")"; }
+
+fetch_complete() {
+  [[ -f "$FETCH_MARKER" && -d "$LIBS_DIR" ]] && [[ "$(cat "$FETCH_MARKER")" == "$(fetch_wanted)" ]]
+}
+
+cmd_fetch() {
+  if fetch_complete; then
+    log "jars for Kafka $KAFKA_VERSION already in $LIBS_DIR"
+    return 0
+  fi
+  have "$MVN" || die "Maven ('$MVN') not found: install maven (apt-get install -y maven) or set MVN"
+  mkdir -p "$KAFKA_HOME"
+  lock 8 "$KAFKA_HOME/.lock"
+  if fetch_complete; then # another process fetched while we waited for the lock
+    unlock 8
+    log "jars for Kafka $KAFKA_VERSION already in $LIBS_DIR"
+    return 0
+  fi
+  log "resolving Kafka $KAFKA_VERSION jars with Maven into $LIBS_DIR ..."
+  local tmp mvn_log="$KAFKA_HOME/mvn.log" t0=$SECONDS
+  tmp="$(mktemp -d "$KAFKA_HOME/libs.tmp.XXXXXX")"
+  if ! "$MVN" -B -q -Dstyle.color=never -f "$POM" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
+    rm -rf "$tmp"
+    show_log_tail "$mvn_log"
+    unlock 8
+    die "Maven could not resolve the Kafka $KAFKA_VERSION jars (full output: $mvn_log)"
+  fi
+  local jar
+  for jar in "kafka_2.13-$KAFKA_VERSION.jar" "kafka-clients-$KAFKA_VERSION.jar"; do
+    [[ -f "$tmp/$jar" ]] || {
+      rm -rf "$tmp"
+      unlock 8
+      die "Maven finished but $jar is missing (output: $mvn_log)"
+    }
+  done
+  compgen -G "$tmp/log4j-slf4j-impl-*.jar" >/dev/null || {
+    rm -rf "$tmp"
+    unlock 8
+    die "Maven finished but log4j-slf4j-impl is missing (output: $mvn_log)"
+  }
+  rm -f "$FETCH_MARKER"
+  rm -rf "$LIBS_DIR"
+  mv "$tmp" "$LIBS_DIR"
+  fetch_wanted >"$FETCH_MARKER.tmp"
+  mv "$FETCH_MARKER.tmp" "$FETCH_MARKER"
+  unlock 8
+  log "fetched $(find "$LIBS_DIR" -name '*.jar' | wc -l | tr -d ' ') jars ($(du -sh "$LIBS_DIR" | cut -f1)) in $((SECONDS - t0))s"
+}
+
+# ---------------------------------------------------------------- config
+
+write_config() {
+  cat >"$SERVER_PROPS" <<EOF
+# Generated by scripts/kafka/broker.sh on every start: edits are lost.
+# Single-node KRaft broker for eventfold tests.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$DATA_DIR
+
+# One broker: replication factor 1 everywhere.
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+
+# Fast tests.
+num.partitions=1
+auto.create.topics.enable=true
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+offsets.topic.num.partitions=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.num.partitions=1
+num.recovery.threads.per.data.dir=1
+
+# Small heap: the log cleaner's dedupe buffer defaults to 128 MiB.
+log.cleaner.dedupe.buffer.size=8388608
+EOF
+  if [[ -n "$EXTRA_CONFIG" ]]; then
+    [[ -r "$EXTRA_CONFIG" ]] || die "EVENTFOLD_KAFKA_EXTRA_CONFIG=$EXTRA_CONFIG is not readable"
+    {
+      printf '\n# From EVENTFOLD_KAFKA_EXTRA_CONFIG=%s\n' "$EXTRA_CONFIG"
+      cat "$EXTRA_CONFIG"
+      printf '\n'
+    } >>"$SERVER_PROPS"
+  fi
+
+  cat >"$LOG4J_CONF" <<EOF
+# Generated by scripts/kafka/broker.sh: everything goes to stdout, i.e. $LOG_FILE.
+status = warn
+name = eventfold-kafka
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = $LOG_LEVEL
+rootLogger.appenderRef.out.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.requestchannel.name = kafka.network.RequestChannel\$
+logger.requestchannel.level = WARN
+EOF
+}
+
+format_storage() {
+  if [[ "$KEEP_DATA" == 1 && -f "$DATA_DIR/meta.properties" ]]; then
+    log "KEEP_DATA=1: keeping existing data in $DATA_DIR"
+    return 0
+  fi
+  [[ "$KEEP_DATA" == 1 ]] && log "KEEP_DATA=1 but $DATA_DIR is not formatted yet"
+  rm -rf "$DATA_DIR"
+  mkdir -p "$DATA_DIR"
+  log "formatting storage in $DATA_DIR (cluster id $CLUSTER_ID)"
+  local fmt_log="$STATE_DIR/format.log"
+  if ! "$JAVA" -Xms64m -Xmx256m -Dlog4j2.configurationFile="$LOG4J_CONF" -cp "$LIBS_DIR/*" \
+    kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$SERVER_PROPS" >"$fmt_log" 2>&1; then
+    show_log_tail "$fmt_log"
+    die "kafka.tools.StorageTool format failed (output: $fmt_log)"
+  fi
+}
+
+# ---------------------------------------------------------------- start / stop
+
+cmd_start() {
+  have "$JAVA" || die "Java ('$JAVA') not found: install a JDK 17+ (apt-get install -y openjdk-17-jre-headless) or set JAVA"
+  mkdir -p "$STATE_DIR"
+  lock 9 "$STATE_DIR/.lock"
+
+  local pid
+  if pid="$(running_pid)"; then
+    if port_open "$HOST" "$PORT"; then
+      log "broker already running (pid $pid) at $(cat "$BOOTSTRAP_FILE" 2>/dev/null || echo "$HOST:$PORT")"
+      unlock 9
+      return 0
+    fi
+    log "broker process $pid exists but its client port is closed: waiting for it"
+  else
+    rm -f "$PID_FILE"
+    local p
+    for p in "$PORT" "$CONTROLLER_PORT"; do
+      if port_open "$HOST" "$p"; then
+        die "port $HOST:$p is already in use by another process (not the broker of $STATE_DIR); stop it or set EVENTFOLD_KAFKA_PORT"
+      fi
+    done
+
+    cmd_fetch
+    write_config
+    format_storage
+    mkdir -p "$STATE_DIR/logs"
+    [[ -f "$LOG_FILE" ]] && mv -f "$LOG_FILE" "$LOG_FILE.prev"
+
+    local -a heap jvm extra
+    read -r -a heap <<<"$HEAP_OPTS"
+    jvm=(-server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+      -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true)
+    read -r -a extra <<<"$EXTRA_JVM_OPTS"
+    local -a launcher=()
+    have setsid && launcher=(setsid) # own session: no signals from the caller's terminal/group
+
+    log "starting Kafka $KAFKA_VERSION broker on $HOST:$PORT (controller $HOST:$CONTROLLER_PORT), log: $LOG_FILE"
+    (
+      cd "$STATE_DIR"
+      exec "${launcher[@]}" "$JAVA" "${heap[@]}" "${jvm[@]}" "${extra[@]}" \
+        -Dlog4j2.configurationFile="$LOG4J_CONF" -Dkafka.logs.dir="$STATE_DIR/logs" \
+        -cp "$LIBS_DIR/*" kafka.Kafka "$SERVER_PROPS"
+    ) </dev/null >"$LOG_FILE" 2>&1 8>&- 9>&- &
+    pid=$!
+    printf '%s\n' "$pid" >"$PID_FILE"
+    printf '%s:%s\n' "$HOST" "$PORT" >"$BOOTSTRAP_FILE"
+  fi
+
+  local t0=$SECONDS deadline=$((SECONDS + START_TIMEOUT)) seen=0
+  while :; do
+    if ! is_broker_pid "$pid"; then
+      # Right after the fork the child may not have exec'd java yet.
+      if ((seen == 0)) && kill -0 "$pid" 2>/dev/null && ((SECONDS - t0 < 5)); then
+        sleep 0.1
+        continue
+      fi
+      wait "$pid" 2>/dev/null || true
+      rm -f "$PID_FILE"
+      show_log_tail
+      unlock 9
+      die "the Kafka broker exited during startup (see $LOG_FILE)"
+    fi
+    seen=1
+    if port_open "$HOST" "$PORT"; then
+      break
+    fi
+    if ((SECONDS >= deadline)); then
+      show_log_tail
+      log "stopping the broker that did not become ready"
+      terminate "$pid"
+      rm -f "$PID_FILE"
+      unlock 9
+      die "the Kafka broker did not accept connections on $HOST:$PORT within ${START_TIMEOUT}s (see $LOG_FILE; raise EVENTFOLD_KAFKA_START_TIMEOUT?)"
+    fi
+    sleep 0.25
+  done
+  unlock 9
+  log "broker ready (pid $pid) after $((SECONDS - t0))s: bootstrap.servers=$HOST:$PORT"
+}
+
+cmd_stop() {
+  mkdir -p "$STATE_DIR"
+  lock 9 "$STATE_DIR/.lock"
+  local pid
+  if ! pid="$(running_pid)"; then
+    [[ -f "$PID_FILE" ]] && log "removing stale pid file $PID_FILE"
+    rm -f "$PID_FILE"
+    log "broker not running (state dir $STATE_DIR)"
+    unlock 9
+    return 0
+  fi
+  log "stopping broker (pid $pid): SIGTERM, up to ${STOP_TIMEOUT}s before SIGKILL"
+  local t0=$SECONDS
+  terminate "$pid"
+  rm -f "$PID_FILE"
+  unlock 9
+  log "broker stopped after $((SECONDS - t0))s"
+}
+
+cmd_status() {
+  local pid bootstrap
+  bootstrap="$(cat "$BOOTSTRAP_FILE" 2>/dev/null || echo "$HOST:$PORT")"
+  if pid="$(running_pid)"; then
+    if port_open "${bootstrap%:*}" "${bootstrap##*:}"; then
+      echo "running pid=$pid bootstrap=$bootstrap state_dir=$STATE_DIR"
+    else
+      echo "starting pid=$pid bootstrap=$bootstrap (client port not open yet) state_dir=$STATE_DIR"
+    fi
+    return 0
+  fi
+  echo "stopped bootstrap=$bootstrap state_dir=$STATE_DIR"
+  return 3
+}
+
+cmd_logs() {
+  [[ -f "$LOG_FILE" ]] || die "no broker log at $LOG_FILE"
+  tail -n "$LOG_TAIL" "$LOG_FILE"
+}
+
+# ---------------------------------------------------------------- main
+
+case "${1:-}" in
+fetch) cmd_fetch ;;
+start) cmd_start ;;
+stop) cmd_stop ;;
+restart)
+  cmd_stop
+  KEEP_DATA=1
+  cmd_start
+  ;;
+status) cmd_status ;;
+logs) cmd_logs ;;
+-h | --help | help) usage ;;
+"")
+  usage
+  exit 2
+  ;;
+*)
+  log "unknown command: $1"
+  usage
+  exit 2
+  ;;
+esac
