@@ -101,7 +101,7 @@ pub struct Accepted {
 
 /// The outcome of a command, stored for deduplication and returned to every retry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")] // externally tagged: internally tagged enums cannot hold RawValue
 pub enum Outcome {
     /// Events were written.
     Accepted(Accepted),

@@ -44,6 +44,8 @@ pub struct Stats {
     pub records: AtomicU64,
 }
 
+const PARTITIONS_KEY: &str = "log/partitions";
+
 type Job = (CommitUnit, oneshot::Sender<Result<Receipt>>);
 
 /// The embedded backend of [`Log`].
@@ -58,6 +60,22 @@ impl EmbeddedLog {
     /// Opens the log on `store` and starts its committer thread.
     pub fn open(store: Store, options: Options) -> Result<Self> {
         assert!(options.partitions > 0, "partitions must be positive");
+        // Records are routed by partition count; reopening with another count would
+        // put an aggregate's new events on another partition than its old ones.
+        match store.get_meta(PARTITIONS_KEY)? {
+            Some(n) if n != u64::from(options.partitions) => {
+                return Err(Error::Config(format!(
+                    "the data directory was created with {n} partitions, not {}; start with --partitions {n} or use another data directory",
+                    options.partitions
+                )));
+            }
+            Some(_) => {}
+            None => {
+                let mut b = Batch::new();
+                b.put_meta(PARTITIONS_KEY, u64::from(options.partitions));
+                store.commit(b, true)?;
+            }
+        }
         let (tx, rx) = mpsc::channel::<Job>(4096);
         let stats = Arc::new(Stats::default());
         let committer = Committer { store: store.clone(), options: options.clone(), ends: HashMap::new(), stats: stats.clone() };

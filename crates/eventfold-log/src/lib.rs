@@ -33,6 +33,9 @@ pub enum Error {
     /// A partition outside `0..partitions`.
     #[error("partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)")]
     NoSuchPartition { topic: String, partition: u32, partitions: u32 },
+    /// The configuration does not fit the stored data.
+    #[error("configuration error: {0}")]
+    Config(String),
     /// The backend is shut down or its writer died.
     #[error("log is closed: {0}")]
     Closed(String),

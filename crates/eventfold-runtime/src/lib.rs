@@ -1,1 +1,21 @@
-//! placeholder
+//! eventfold-runtime: runs aggregates on a [`Log`](eventfold_log::Log).
+//!
+//! For every registered aggregate type and partition, one **processor** task owns the
+//! partition: it restores (the barrier), then takes commands from a bounded queue in
+//! batches, deduplicates by command id, checks `If-Match`, runs `handle`/`apply`, and
+//! commits events, state and dedup records as one [`CommitUnit`](eventfold_log::CommitUnit).
+//! Callers are answered only after the commit is durable (I4).
+//!
+//! The HTTP layer talks to type-erased [`AggregateService`]s through a [`Runtime`].
+
+pub mod clock;
+pub mod error;
+pub mod metrics;
+mod processor;
+mod runtime;
+mod service;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Result};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
+pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};

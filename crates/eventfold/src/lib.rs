@@ -1,1 +1,14 @@
-//! placeholder
+//! eventfold: event-sourced services on Apache Kafka or an embedded log.
+//!
+//! This facade re-exports the crates a service needs; the `eventfold` binary is the ops
+//! CLI (load generator, ...).
+
+pub mod load;
+
+pub use eventfold_core as core;
+pub use eventfold_http as http;
+pub use eventfold_log as log;
+pub use eventfold_runtime as runtime;
+pub use eventfold_store as store;
+
+pub use eventfold_core::{Aggregate, AggregateTest, Context, Reject};

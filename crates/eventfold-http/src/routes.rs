@@ -1,0 +1,252 @@
+//! Routes and handlers of the HTTP API.
+
+use crate::error::ApiError;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use eventfold_core::Outcome;
+use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Runtime};
+use futures_util::stream::{self, Stream};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+
+/// Limits of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Largest accepted request body in bytes (64 KiB); larger gets 413.
+    pub max_body_bytes: usize,
+    /// Most events returned by one `GET .../events` (1000).
+    pub max_events_page: usize,
+    /// Address shown in `/v1/cluster`.
+    pub advertised_address: String,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self { max_body_bytes: 64 * 1024, max_events_page: 1000, advertised_address: String::new() }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    runtime: Runtime,
+    options: Arc<HttpOptions>,
+}
+
+/// The API router over `runtime`.
+pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
+    let limit = options.max_body_bytes;
+    let app = App { runtime, options: Arc::new(options) };
+    Router::new()
+        .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
+        .route("/v1/aggregates/{type}/{id}", get(get_state))
+        .route("/v1/aggregates/{type}/{id}/events", get(get_events))
+        .route("/v1/cluster", get(cluster))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {}", uri.path()))
+}
+
+fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, ApiError> {
+    app.runtime.aggregate(ty).map_err(|_| {
+        let known: Vec<_> = app.runtime.aggregate_names().collect();
+        ApiError::new(StatusCode::NOT_FOUND, "unknown_aggregate_type", format!("unknown aggregate type `{ty}`; known types: {}", known.join(", ")))
+    })
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| ApiError::bad_request("bad_request", format!("header {name} is not visible ASCII"))),
+    }
+}
+
+/// Parses `If-Match: "<version>"` (the quotes are optional).
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(v) = header_str(headers, "if-match")? else { return Ok(None) };
+    let t = v.trim();
+    let t = t.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(t);
+    t.parse::<u64>().map(Some).map_err(|_| {
+        ApiError::bad_request("invalid_if_match", format!("If-Match must be a version in quotes, like \"3\"; got {v:?}"))
+    })
+}
+
+async fn post_command(
+    State(app): State<App>,
+    Path((ty, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let svc = service(&app, &ty)?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body exceeds the limit of {} bytes", app.options.max_body_bytes),
+            )
+        } else {
+            ApiError::bad_request("malformed_command", format!("cannot read the request body: {e}"))
+        }
+    })?;
+    let request = CommandRequest {
+        aggregate_id: id,
+        body: body.to_vec(),
+        idempotency_key: header_str(&headers, "idempotency-key")?.map(str::to_owned),
+        expected_version: if_match(&headers)?,
+        correlation_id: header_str(&headers, "x-correlation-id")?.map(str::to_owned),
+    };
+    match svc.submit(request).await? {
+        Outcome::Accepted(a) => Ok((StatusCode::OK, axum::Json(a)).into_response()),
+        Outcome::Rejected { error, message } => {
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "message": message}))).into_response())
+        }
+    }
+}
+
+async fn get_state(State(app): State<App>, Path((ty, id)): Path<(String, String)>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let svc = service(&app, &ty)?;
+    let Some(view) = svc.state(&id).await? else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "aggregate_not_found", format!("{ty} `{id}` has no events")));
+    };
+    let etag = format!("\"{}\"", view.version);
+    if header_str(&headers, "if-none-match")?.is_some_and(|v| v.trim() == etag) {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
+    }
+    Ok((StatusCode::OK, [(header::ETAG, etag)], axum::Json(view)).into_response())
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    from_version: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn get_events(
+    State(app): State<App>,
+    Path((ty, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let svc = service(&app, &ty)?.clone();
+    let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let limit = q.limit.unwrap_or(app.options.max_events_page).clamp(1, app.options.max_events_page);
+    let wants_sse = header_str(&headers, "accept")?.is_some_and(|a| a.contains("text/event-stream"));
+    if !wants_sse {
+        let events = svc.events(&id, q.from_version.unwrap_or(1), limit).await?;
+        return Ok(axum::Json(events).into_response());
+    }
+    // A reconnecting EventSource sends the last version it saw.
+    let resume = header_str(&headers, "last-event-id")?.and_then(|v| v.parse::<u64>().ok()).map(|v| v + 1);
+    let from = resume.or(q.from_version).unwrap_or(1).max(1);
+    eventfold_runtime::AggregateService::events(&*svc, &id, from, 1).await?; // validates the id early
+    Ok(Sse::new(follow(svc, id, from)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+}
+
+struct Follow {
+    svc: Arc<dyn AggregateService>,
+    id: String,
+    next: u64,
+    rx: broadcast::Receiver<(Arc<str>, u64)>,
+    buffer: VecDeque<eventfold_core::EventView>,
+}
+
+/// A live stream of an aggregate's events: what is stored, then each new commit.
+fn follow(svc: Arc<dyn AggregateService>, id: String, from: u64) -> impl Stream<Item = Result<Event, Infallible>> {
+    let rx = svc.subscribe();
+    let state = Follow { svc, id, next: from, rx, buffer: VecDeque::new() };
+    stream::unfold(Some(state), |state| async move {
+        let mut s = state?;
+        loop {
+            if let Some(e) = s.buffer.pop_front() {
+                s.next = e.version + 1;
+                let data = serde_json::to_string(&e).unwrap_or_default();
+                let event = Event::default().id(e.version.to_string()).event(e.event_type.clone()).data(data);
+                return Some((Ok(event), Some(s)));
+            }
+            match s.svc.events(&s.id, s.next, 256).await {
+                Ok(events) if !events.is_empty() => {
+                    s.buffer.extend(events);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let data = json!({"error": "read_failed", "message": e.to_string()}).to_string();
+                    return Some((Ok(Event::default().event("error").data(data)), None));
+                }
+            }
+            // Wait for a commit touching this aggregate (or a lag, after which we re-read).
+            loop {
+                match s.rx.recv().await {
+                    Ok((id, version)) if *id == *s.id && version >= s.next => break,
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        }
+    })
+}
+
+async fn cluster(State(app): State<App>) -> axum::Json<serde_json::Value> {
+    let parts = app.runtime.partitions();
+    axum::Json(json!({
+        "backend": app.runtime.log().backend(),
+        "instances": [{
+            "instance_id": "local",
+            "http_address": app.options.advertised_address,
+            "partitions": (0..app.runtime.log().partitions()).collect::<Vec<_>>(),
+        }],
+        "partitions": parts,
+        "restoring": parts.iter().filter(|p| p.state == PartitionState::Restoring).count(),
+    }))
+}
+
+async fn healthz() -> axum::Json<serde_json::Value> {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let parts = app.runtime.partitions();
+    let not_ready: Vec<_> = parts.iter().filter(|p| p.state != PartitionState::Ready).collect();
+    if not_ready.is_empty() {
+        return Ok(axum::Json(json!({"ready": true, "partitions": parts.len()})));
+    }
+    let restoring = not_ready.iter().filter(|p| p.state == PartitionState::Restoring).count();
+    let failed = not_ready.len() - restoring;
+    let mut err = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        format!("{restoring} partitions restoring, {failed} failed, of {}", parts.len()),
+    );
+    err.retry_after = Some(Duration::from_secs(1));
+    err.extra = Some(json!({"partitions": not_ready}));
+    Err(err)
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    let body = app.runtime.render_metrics();
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))], body).into_response()
+}

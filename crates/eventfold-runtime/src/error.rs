@@ -1,0 +1,45 @@
+//! Errors of the command path. Each variant maps to one HTTP status in eventfold-http.
+
+use std::time::Duration;
+
+/// Why a command or read could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No aggregate type of that name is registered (404).
+    #[error("unknown aggregate type `{0}`")]
+    UnknownAggregate(String),
+    /// The body is not a valid command (400).
+    #[error(transparent)]
+    BadCommand(#[from] eventfold_core::Error),
+    /// The aggregate id or a header is invalid (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// `If-Match` named another version than the current one (412).
+    #[error("version mismatch: expected version {expected}, but aggregate is at version {actual}")]
+    VersionMismatch { expected: u64, actual: u64 },
+    /// The partition is restoring and its wait queue is full (503).
+    #[error("partition {partition} of `{aggregate}` is restoring ({progress_pct:.0}% done); retry shortly")]
+    Restoring { aggregate: String, partition: u32, progress_pct: f64, retry_after: Duration },
+    /// The partition's queue is full (503).
+    #[error("partition {partition} of `{aggregate}` is overloaded ({queued} commands queued); retry shortly")]
+    Overloaded { aggregate: String, partition: u32, queued: usize, retry_after: Duration },
+    /// The partition stopped after a fatal error, e.g. a corrupt stored record (500).
+    #[error("partition {partition} of `{aggregate}` has stopped: {reason}")]
+    PartitionFailed { aggregate: String, partition: u32, reason: String },
+    /// No outcome in time; retrying with the same idempotency key is safe (504).
+    #[error("no outcome within {0:?}; retry with the same Idempotency-Key to get the outcome")]
+    Timeout(Duration),
+    /// Storage failed or holds a corrupt record (500).
+    #[error(transparent)]
+    Store(#[from] eventfold_store::Error),
+    /// The log failed to commit (500); nothing of the batch was written.
+    #[error(transparent)]
+    Log(#[from] eventfold_log::Error),
+    /// The runtime is shutting down (503).
+    #[error("the service is shutting down")]
+    ShuttingDown,
+}
+
+/// Result alias of eventfold-runtime.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

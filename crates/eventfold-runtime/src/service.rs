@@ -1,0 +1,280 @@
+//! The type-erased face of one aggregate type: submit commands, read state and events.
+
+use crate::error::{Error, Result};
+use crate::metrics::{AggregateMetrics, CommandOutcome};
+use crate::processor::{Job, PartitionShared};
+use crate::runtime::RuntimeOptions;
+use async_trait::async_trait;
+use eventfold_core::envelope::headers;
+use eventfold_core::{Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms};
+use eventfold_log::Log;
+use eventfold_store::EntityEvent;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+/// A command as it arrives (from HTTP or elsewhere), not yet decoded.
+#[derive(Debug, Clone, Default)]
+pub struct CommandRequest {
+    /// Target aggregate id.
+    pub aggregate_id: String,
+    /// The command JSON.
+    pub body: Vec<u8>,
+    /// `Idempotency-Key`: becomes the command id. Absent: a fresh UUID v7.
+    pub idempotency_key: Option<String>,
+    /// `If-Match`: the version the aggregate must be at.
+    pub expected_version: Option<u64>,
+    /// Correlation id to carry on the events.
+    pub correlation_id: Option<String>,
+}
+
+/// The state of one aggregate: `{id, version, state}`.
+#[derive(Debug, Serialize)]
+pub struct StateView {
+    /// Aggregate id.
+    pub id: String,
+    /// Number of events folded.
+    pub version: u64,
+    /// The state document.
+    pub state: Box<RawValue>,
+}
+
+/// Lifecycle of a partition processor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionState {
+    /// Restoring: not taking commands yet.
+    Restoring,
+    /// Taking commands.
+    Ready,
+    /// Stopped after a fatal error.
+    Failed,
+}
+
+/// What `/readyz` and `/v1/cluster` show of a partition.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionReport {
+    /// Aggregate type.
+    pub aggregate: String,
+    /// Partition number.
+    pub partition: u32,
+    /// Lifecycle state.
+    pub state: PartitionState,
+    /// Restore progress, 0.0 to 1.0.
+    pub restore_progress: f64,
+    /// Commands waiting in the queue.
+    pub queued: usize,
+    /// Why it failed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Topic names of one aggregate type.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    /// `<app>.<type>.commands`
+    pub commands: Arc<str>,
+    /// `<app>.<type>.events`
+    pub events: Arc<str>,
+    /// `<app>.<type>.state`
+    pub state: Arc<str>,
+    /// `<app>.<type>.results`
+    pub results: Arc<str>,
+}
+
+impl Topics {
+    /// The topics of `aggregate` in app `app`.
+    pub fn new(app: &str, aggregate: &str) -> Self {
+        let t = |s: &str| Arc::from(format!("{app}.{aggregate}.{s}"));
+        Self { commands: t("commands"), events: t("events"), state: t("state"), results: t("results") }
+    }
+}
+
+/// One aggregate type as the HTTP layer sees it.
+#[async_trait]
+pub trait AggregateService: Send + Sync + 'static {
+    /// The aggregate type name.
+    fn name(&self) -> &str;
+    /// Submits a command and waits for its durable outcome.
+    async fn submit(&self, request: CommandRequest) -> Result<Outcome>;
+    /// The committed state of `id`.
+    async fn state(&self, id: &str) -> Result<Option<StateView>>;
+    /// Up to `max` events of `id` from `from_version` on.
+    async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>>;
+    /// Notifications `(aggregate id, new version)` after each commit.
+    fn subscribe(&self) -> broadcast::Receiver<(Arc<str>, u64)>;
+    /// Status of every partition.
+    fn partitions(&self) -> Vec<PartitionReport>;
+    /// Metrics of this aggregate type.
+    fn metrics(&self) -> &AggregateMetrics;
+    /// Topic names.
+    fn topics(&self) -> &Topics;
+}
+
+/// Checks an aggregate id: 1 to 256 bytes of printable text without `/`.
+pub fn check_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > 256 || id.chars().any(|c| c.is_control() || c == '/') {
+        return Err(Error::BadRequest(format!(
+            "invalid aggregate id {id:?}: expected 1 to 256 bytes of printable characters without '/'"
+        )));
+    }
+    Ok(())
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > 256 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::BadRequest(
+            "invalid Idempotency-Key: expected 1 to 256 printable ASCII characters without spaces".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Converts a stored event record to the API shape; a record that does not decode is
+/// reported as corrupt, naming where it is.
+pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
+    let corrupt = |reason: &str| {
+        Error::Store(eventfold_store::Error::Corrupt {
+            table: "log",
+            key: format!("{topic}/{}@{}", e.partition, e.offset),
+            reason: reason.to_owned(),
+        })
+    };
+    let r = &e.record;
+    let payload = std::str::from_utf8(&r.value)
+        .ok()
+        .and_then(|s| RawValue::from_string(s.to_owned()).ok())
+        .ok_or_else(|| corrupt("event value is not JSON"))?;
+    Ok(EventView {
+        version: e.version,
+        event_type: r.header_str(headers::TYPE).ok_or_else(|| corrupt("missing ef-type header"))?.to_owned(),
+        id: r.header_str(headers::ID).unwrap_or_default().to_owned(),
+        command_id: r.header_str(headers::COMMAND_ID).unwrap_or_default().to_owned(),
+        timestamp: rfc3339_ms(r.timestamp_ms),
+        payload,
+    })
+}
+
+/// The typed implementation behind [`AggregateService`].
+pub(crate) struct TypedService<A: Aggregate> {
+    pub(crate) topics: Topics,
+    pub(crate) log: Arc<dyn Log>,
+    pub(crate) options: RuntimeOptions,
+    pub(crate) partitions: Vec<(Arc<PartitionShared>, mpsc::Sender<Job<A>>)>,
+    pub(crate) metrics: Arc<AggregateMetrics>,
+    pub(crate) notify: broadcast::Sender<(Arc<str>, u64)>,
+}
+
+#[async_trait]
+impl<A: Aggregate> AggregateService for TypedService<A> {
+    fn name(&self) -> &str {
+        A::TYPE
+    }
+
+    async fn submit(&self, req: CommandRequest) -> Result<Outcome> {
+        check_id(&req.aggregate_id)?;
+        if let Some(k) = &req.idempotency_key {
+            check_key(k)?;
+        }
+        let (_command_type, command) = codec::decode_command::<A::Command>(A::TYPE, &req.body)?;
+        let p = partition_for(req.aggregate_id.as_bytes(), self.partitions.len() as u32);
+        let (shared, tx) = &self.partitions[p as usize];
+        let queued = tx.max_capacity() - tx.capacity();
+        match shared.state() {
+            PartitionState::Failed => {
+                self.metrics.count(CommandOutcome::Error, 1);
+                return Err(Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason: shared.failure() });
+            }
+            PartitionState::Restoring if queued >= self.options.restore_queue_limit => {
+                self.metrics.count(CommandOutcome::Error, 1);
+                return Err(Error::Restoring {
+                    aggregate: A::TYPE.into(),
+                    partition: p,
+                    progress_pct: shared.progress() * 100.0,
+                    retry_after: self.options.retry_after,
+                });
+            }
+            _ => {}
+        }
+        let command_id = req.idempotency_key.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            aggregate_id: req.aggregate_id,
+            correlation_id: req.correlation_id.unwrap_or_else(|| command_id.clone()),
+            command_id,
+            command,
+            expected_version: req.expected_version,
+            reply,
+        };
+        if let Err(e) = tx.try_send(job) {
+            self.metrics.count(CommandOutcome::Error, 1);
+            return Err(match e {
+                mpsc::error::TrySendError::Full(_) => Error::Overloaded {
+                    aggregate: A::TYPE.into(),
+                    partition: p,
+                    queued,
+                    retry_after: self.options.retry_after,
+                },
+                mpsc::error::TrySendError::Closed(_) => Error::ShuttingDown,
+            });
+        }
+        match tokio::time::timeout(self.options.command_timeout, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::ShuttingDown),
+            Err(_) => Err(Error::Timeout(self.options.command_timeout)),
+        }
+    }
+
+    async fn state(&self, id: &str) -> Result<Option<StateView>> {
+        check_id(id)?;
+        let Some(row) = self.log.store().get_state(A::TYPE, id)? else { return Ok(None) };
+        let state = String::from_utf8(row.json)
+            .ok()
+            .and_then(|s| RawValue::from_string(s).ok())
+            .ok_or_else(|| {
+                Error::Store(eventfold_store::Error::Corrupt {
+                    table: "state",
+                    key: format!("{}/{id}", A::TYPE),
+                    reason: "state is not JSON".into(),
+                })
+            })?;
+        Ok(Some(StateView { id: id.to_owned(), version: row.version, state }))
+    }
+
+    async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>> {
+        check_id(id)?;
+        let rows = self.log.store().entity_events(&self.topics.events, id.as_bytes(), from_version.max(1), max)?;
+        rows.iter().map(|e| event_view(&self.topics.events, e)).collect()
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<(Arc<str>, u64)> {
+        self.notify.subscribe()
+    }
+
+    fn partitions(&self) -> Vec<PartitionReport> {
+        self.partitions
+            .iter()
+            .enumerate()
+            .map(|(p, (shared, tx))| {
+                let state = shared.state();
+                PartitionReport {
+                    aggregate: A::TYPE.to_owned(),
+                    partition: p as u32,
+                    state,
+                    restore_progress: shared.progress(),
+                    queued: tx.max_capacity() - tx.capacity(),
+                    error: (state == PartitionState::Failed).then(|| shared.failure()),
+                }
+            })
+            .collect()
+    }
+
+    fn metrics(&self) -> &AggregateMetrics {
+        &self.metrics
+    }
+
+    fn topics(&self) -> &Topics {
+        &self.topics
+    }
+}

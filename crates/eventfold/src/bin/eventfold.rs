@@ -1,0 +1,204 @@
+//! `eventfold`: the ops CLI (load generator, ...).
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use eventfold::load::{self, Ids, Limit, LoadOptions, Preset};
+
+#[derive(Debug, Parser)]
+#[command(name = "eventfold", version, about = "eventfold ops CLI")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Send commands to an eventfold service and report status codes, throughput and latency.
+    ///
+    /// Sends `POST {url}/v1/aggregates/{type}/{id}/commands` with a JSON body and a fresh
+    /// `Idempotency-Key` per request. Without --body the `shop-orders` preset is used.
+    #[command(after_help = "\
+Exit status: 0 when the run passed, 1 when more than --max-error-rate of the requests \
+failed (200, other 2xx and 422 count as success), 2 on invalid options.
+
+Examples:
+  eventfold load --url http://127.0.0.1:8080 --duration 30s --concurrency 128
+  eventfold load --count 10000 --rate 500 --warmup 2s --json
+  eventfold load --type counter --body '{\"type\":\"Add\",\"by\":{n}}' --ids 100")]
+    Load(LoadArgs),
+}
+
+#[derive(Debug, Args)]
+struct LoadArgs {
+    /// Base URL of the eventfold service (plain HTTP, no TLS).
+    #[arg(long, env = "EVENTFOLD_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+
+    /// Built-in workload; the default when no --body is given.
+    /// shop-orders: `PlaceOrder` on a fresh `order` aggregate per request.
+    #[arg(long, value_enum, conflicts_with = "body")]
+    preset: Option<PresetArg>,
+
+    /// Aggregate type in the command path (required with --body; overrides the preset's).
+    #[arg(long = "type", value_name = "TYPE")]
+    aggregate_type: Option<String>,
+
+    /// JSON command body; `{id}` (aggregate id), `{n}` (global request number) and
+    /// `{worker}` (worker index) are substituted per request.
+    #[arg(long, value_name = "JSON", requires = "aggregate_type")]
+    body: Option<String>,
+
+    /// Number of distinct aggregate ids, named `{id-prefix}{k}` with k in 0..N
+    /// [default: a fresh id per request].
+    #[arg(long, value_name = "N")]
+    ids: Option<u64>,
+
+    /// Prefix of every aggregate id.
+    #[arg(long, value_name = "PREFIX", default_value = "load-")]
+    id_prefix: String,
+
+    /// Choose k = n mod N instead of uniformly at random (requires --ids).
+    #[arg(long, requires = "ids")]
+    sequential_ids: bool,
+
+    /// Number of concurrent workers (and pooled connections).
+    #[arg(short, long, value_name = "N", default_value_t = 64)]
+    concurrency: usize,
+
+    /// How long to send after warmup, e.g. 500ms, 10s, 2m [default: 10s].
+    #[arg(short, long, value_parser = load::parse_duration, conflicts_with = "count")]
+    duration: Option<Duration>,
+
+    /// Send exactly N measured requests instead of running for a duration.
+    #[arg(short = 'n', long, value_name = "N")]
+    count: Option<u64>,
+
+    /// Target requests per second across all workers (open loop; latency is measured from
+    /// each request's intended send time) [default: as fast as possible].
+    #[arg(short, long, value_name = "R")]
+    rate: Option<f64>,
+
+    /// Send without measuring for this long first, e.g. 1s.
+    #[arg(long, value_parser = load::parse_duration, default_value = "0s")]
+    warmup: Duration,
+
+    /// Retries per request on connection errors, timeouts and 503, with the same
+    /// idempotency key.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    retries: u32,
+
+    /// Longest wait before a retry, capping the server's Retry-After.
+    #[arg(long, value_parser = load::parse_duration, default_value = "5s")]
+    retry_after_max: Duration,
+
+    /// Timeout of one HTTP attempt.
+    #[arg(long, value_parser = load::parse_duration, default_value = "30s")]
+    timeout: Duration,
+
+    /// Fail (exit 1) when more than this fraction of requests failed.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.01)]
+    max_error_rate: f64,
+
+    /// Seed of the random id choice, for reproducible runs.
+    #[arg(long)]
+    seed: Option<u64>,
+
+    /// Print the summary as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+
+    /// Hide the progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PresetArg {
+    ShopOrders,
+}
+
+impl LoadArgs {
+    fn into_options(self) -> LoadOptions {
+        let mut opts = LoadOptions {
+            url: self.url,
+            id_prefix: self.id_prefix,
+            concurrency: self.concurrency,
+            limit: match (self.count, self.duration) {
+                (Some(count), _) => Limit::Count(count),
+                (None, duration) => Limit::Duration(duration.unwrap_or(Duration::from_secs(10))),
+            },
+            rate: self.rate,
+            warmup: self.warmup,
+            retries: self.retries,
+            retry_after_max: self.retry_after_max,
+            timeout: self.timeout,
+            max_error_rate: self.max_error_rate,
+            seed: self.seed,
+            progress: !self.quiet && std::io::stderr().is_terminal(),
+            ..LoadOptions::default()
+        };
+        match (self.body, self.preset) {
+            (Some(body), _) => {
+                opts.body = body;
+                opts.ids = Ids::Fresh;
+            }
+            (None, Some(PresetArg::ShopOrders) | None) => Preset::ShopOrders.apply(&mut opts),
+        }
+        if let Some(aggregate_type) = self.aggregate_type {
+            opts.aggregate_type = aggregate_type;
+        }
+        if let Some(count) = self.ids {
+            opts.ids = if self.sequential_ids {
+                Ids::Sequential { count }
+            } else {
+                Ids::Random { count }
+            };
+        }
+        opts
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let Cli {
+        command: Command::Load(args),
+    } = Cli::parse();
+    let json = args.json;
+    let opts = args.into_options();
+    let shutdown = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            // Without a signal handler the run simply goes to its limit.
+            std::future::pending::<()>().await;
+        }
+        eprintln!(
+            "eventfold load: interrupted, finishing requests in flight (Ctrl-C again to abort)"
+        );
+        tokio::spawn(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        });
+    };
+    let summary = match load::run_until(opts, shutdown).await {
+        Ok(summary) => summary,
+        Err(e) => {
+            eprintln!("eventfold load: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        println!("{}", summary.to_json());
+    } else {
+        println!("{summary}");
+    }
+    match summary.check() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("eventfold load: failed: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

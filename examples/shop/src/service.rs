@@ -1,0 +1,103 @@
+//! Wiring: options -> store -> log -> runtime -> HTTP server.
+
+use crate::domain::{Customer, Order, Payment, PaymentConfig};
+use anyhow::{Context as _, bail};
+use eventfold::http::HttpOptions;
+use eventfold::log::embedded::{self, EmbeddedLog};
+use eventfold::runtime::{Runtime, RuntimeOptions};
+use eventfold::store::{Store, StoreOptions};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Flags of `shop serve` (every flag also reads an `EVENTFOLD_*` environment variable).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeOptions {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "EVENTFOLD_HTTP", default_value = "127.0.0.1:8080")]
+    pub http: SocketAddr,
+    /// Directory of the embedded store [default: $XDG_DATA_HOME/eventfold/<app-id>, else
+    /// ~/.local/share/eventfold/<app-id>].
+    #[arg(long, env = "EVENTFOLD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Kafka bootstrap servers; absent: the embedded log.
+    #[arg(long, env = "EVENTFOLD_KAFKA")]
+    pub kafka: Option<String>,
+    /// Application id: the topic prefix (`<app-id>.<type>.events`).
+    #[arg(long, env = "EVENTFOLD_APP_ID", default_value = "shop")]
+    pub app_id: String,
+    /// Partitions per topic. Fixed when the data directory is created.
+    #[arg(long, env = "EVENTFOLD_PARTITIONS", default_value_t = 8)]
+    pub partitions: u32,
+    /// Instance id (shown in /v1/cluster; used for routing in Kafka mode).
+    #[arg(long, env = "EVENTFOLD_INSTANCE_ID", default_value = "local")]
+    pub instance_id: String,
+    /// How long an Idempotency-Key is remembered, in seconds.
+    #[arg(long, env = "EVENTFOLD_DEDUP_WINDOW_SECS", default_value_t = 24 * 3600)]
+    pub dedup_window_secs: u64,
+    /// Largest accepted request body in bytes (larger: 413).
+    #[arg(long, env = "EVENTFOLD_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+    /// Payments above this amount (cents) are declined.
+    #[arg(long, env = "EVENTFOLD_DECLINE_ABOVE_CENTS", default_value_t = PaymentConfig::default().decline_above_cents)]
+    pub decline_above_cents: u64,
+    /// Seconds a command may wait for its outcome before 504.
+    #[arg(long, env = "EVENTFOLD_COMMAND_TIMEOUT_SECS", default_value_t = 10)]
+    pub command_timeout_secs: u64,
+    /// Disable fsync of commits. Unsafe: only for throwaway benchmarks.
+    #[arg(long, env = "EVENTFOLD_NO_FSYNC")]
+    pub no_fsync: bool,
+}
+
+impl ServeOptions {
+    /// The data directory in force.
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(d) = &self.data_dir {
+            return d.clone();
+        }
+        let base = std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("eventfold").join(&self.app_id)
+    }
+}
+
+/// A running shop: its runtime and the HTTP router.
+pub struct Shop {
+    /// The runtime (for in-process use and tests).
+    pub runtime: Runtime,
+    /// The HTTP API.
+    pub router: eventfold::http::Router,
+}
+
+/// Opens the store and starts the runtime (must run inside a tokio runtime).
+pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
+    if let Some(bootstrap) = &opts.kafka {
+        bail!(
+            "--kafka {bootstrap}: Kafka mode is not in this build yet (tracked in issue 3); run without --kafka to use the embedded log"
+        );
+    }
+    if opts.partitions == 0 || opts.partitions > 1024 {
+        bail!("--partitions must be between 1 and 1024, got {}", opts.partitions);
+    }
+    let dir = opts.data_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
+    let store = Store::open(&dir, &StoreOptions::default()).with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let log = EmbeddedLog::open(store, embedded::Options { partitions: opts.partitions, fsync: !opts.no_fsync, ..Default::default() })?;
+    let options = RuntimeOptions {
+        app_id: opts.app_id.clone(),
+        dedup_window: Duration::from_secs(opts.dedup_window_secs),
+        command_timeout: Duration::from_secs(opts.command_timeout_secs),
+        ..Default::default()
+    };
+    let runtime = Runtime::builder(options)
+        .aggregate::<Order>(())
+        .aggregate::<Payment>(PaymentConfig { decline_above_cents: opts.decline_above_cents })
+        .aggregate::<Customer>(())
+        .build(Arc::new(log));
+    let http = HttpOptions { max_body_bytes: opts.max_body_bytes, advertised_address: format!("http://{}", opts.http), ..Default::default() };
+    let router = eventfold::http::router(runtime.clone(), http);
+    Ok(Shop { runtime, router })
+}
