@@ -4,11 +4,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Json, Router};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Summary};
 use serde_json::{Value, json};
 
@@ -93,7 +93,7 @@ async fn command(
             .into_response(),
         Mode::FailEveryTenth => {
             let n: u64 = key.rsplit('-').next().unwrap().parse().unwrap();
-            if n % 10 == 0 {
+            if n.is_multiple_of(10) {
                 StatusCode::INTERNAL_SERVER_ERROR.into_response()
             } else {
                 accepted.into_response()
@@ -101,8 +101,6 @@ async fn command(
         }
     }
 }
-
-use axum::Json;
 
 /// Starts the server on a free port; returns its base URL.
 async fn start(mode: Mode) -> (String, Server) {
@@ -557,4 +555,8 @@ async fn cli_help_documents_every_flag() {
         );
     }
     assert!(help.contains("shop-orders"), "{help}");
+    assert!(
+        help.contains("{id} (aggregate id), {n} (global request number) and {worker}"),
+        "{help}"
+    );
 }

@@ -1,9 +1,12 @@
 //! `eventfold`: the ops CLI (load generator, ...).
 
+use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::builder::StyledStr;
+use clap::builder::styling::Style;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset};
 
@@ -27,7 +30,7 @@ failed (200, other 2xx and 422 count as success), 2 on invalid options.
 Examples:
   eventfold load --url http://127.0.0.1:8080 --duration 30s --concurrency 128
   eventfold load --count 10000 --rate 500 --warmup 2s --json
-  eventfold load --type counter --body '{\"type\":\"Add\",\"by\":{n}}' --ids 100")]
+  eventfold load --type counter --body '{\"type\":\"Add\",\"by\":1}' --ids 100")]
     Load(LoadArgs),
 }
 
@@ -46,9 +49,8 @@ struct LoadArgs {
     #[arg(long = "type", value_name = "TYPE")]
     aggregate_type: Option<String>,
 
-    /// JSON command body; `{id}` (aggregate id), `{n}` (global request number) and
-    /// `{worker}` (worker index) are substituted per request.
-    #[arg(long, value_name = "JSON", requires = "aggregate_type")]
+    // The help is built in code: clap turns a literal `{n}` in help text into a line break.
+    #[arg(long, value_name = "JSON", requires = "aggregate_type", help = body_help())]
     body: Option<String>,
 
     /// Number of distinct aggregate ids, named `{id-prefix}{k}` with k in 0..N
@@ -118,6 +120,24 @@ struct LoadArgs {
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum PresetArg {
     ShopOrders,
+}
+
+/// Help of `--body`. Each placeholder name is styled, which keeps clap from reading `{n}`
+/// as a line break; the styling is stripped when colour is off, leaving plain `{n}`.
+fn body_help() -> StyledStr {
+    let name = Style::new().bold();
+    let placeholder = |text: &str| format!("{{{name}{text}{name:#}}}");
+    let mut help = StyledStr::new();
+    write!(
+        help,
+        "JSON command body; {} (aggregate id), {} (global request number) and {} \
+         (worker index) are substituted per request",
+        placeholder("id"),
+        placeholder("n"),
+        placeholder("worker"),
+    )
+    .expect("writing to a StyledStr cannot fail");
+    help
 }
 
 impl LoadArgs {
