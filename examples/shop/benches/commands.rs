@@ -1,0 +1,83 @@
+//! In-process command throughput: the shop's `order` aggregate on the embedded log with
+//! fsync on, driven by N concurrent submitters without HTTP. Prints the median of runs.
+//!
+//! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]`
+
+use eventfold::log::embedded::{EmbeddedLog, Options};
+use eventfold::runtime::{CommandRequest, Runtime, RuntimeOptions};
+use eventfold::store::{Store, StoreOptions};
+use shop::domain::Order;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+async fn run_once(concurrency: u64, seconds: u64, fsync: bool) -> (f64, Vec<u64>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let log = EmbeddedLog::open(store, Options { fsync, ..Default::default() }).unwrap();
+    let stats = log.stats().clone();
+    let rt = Runtime::builder(RuntimeOptions { app_id: "bench".into(), ..Default::default() }).aggregate::<Order>(()).build(Arc::new(log));
+    rt.wait_restored(Duration::from_secs(10)).await;
+    let svc = rt.aggregate("order").unwrap().clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for w in 0..concurrency {
+        let (svc, stop, done) = (svc.clone(), stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let req = CommandRequest {
+                    aggregate_id: format!("o-{w}-{i}"),
+                    body: format!(r#"{{"type":"PlaceOrder","customer_id":"c{w}","items":[{{"sku":"s","qty":1,"price_cents":100}}]}}"#).into_bytes(),
+                    ..Default::default()
+                };
+                svc.submit(req).await.expect("accepted");
+                lat.push(t.elapsed().as_micros() as u64);
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let n = lat.len();
+    let pct = |p: f64| lat[((n as f64 * p) as usize).min(n - 1)];
+    eprintln!(
+        "  run: {:.0} commands/s, {} group commits ({:.1} commands per fsync), p50 {} us, p99 {} us",
+        n as f64 / elapsed,
+        stats.group_commits.load(Ordering::Relaxed),
+        n as f64 / stats.group_commits.load(Ordering::Relaxed).max(1) as f64,
+        pct(0.5),
+        pct(0.99)
+    );
+    (n as f64 / elapsed, vec![pct(0.5), pct(0.99)])
+}
+
+fn main() {
+    let concurrency = arg("--concurrency", 64);
+    let seconds = arg("--seconds", 5);
+    let runs = arg("--runs", 3);
+    let fsync = arg("--fsync", 1) == 1;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    eprintln!("in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    let mut results: Vec<(f64, Vec<u64>)> = (0..runs).map(|_| rt.block_on(run_once(concurrency, seconds, fsync))).collect();
+    results.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (tput, pcts) = &results[results.len() / 2];
+    println!("median: {tput:.0} commands/s (p50 {} us, p99 {} us)", pcts[0], pcts[1]);
+}

@@ -1,0 +1,792 @@
+//! Crash test of the `shop` binary on the embedded log (DESIGN §3, §9).
+//!
+//! The service runs as a child process under concurrent load while a killer SIGKILLs it at
+//! random instants and restarts it on the same data directory. Every client retries its
+//! command with the same `Idempotency-Key` until it gets a definitive answer (200 or 422).
+//! Afterwards the service is killed once more, restarted, and invariants I1-I5 are checked
+//! from outside, through the HTTP API only:
+//!
+//! - I2: every order's events carry versions 1..n, its state has version n and equals the
+//!   fold of exactly those events;
+//! - I1/I4: every acknowledged 200 appears exactly once in the log, with the very events
+//!   (versions, ids, payloads) the acknowledgement reported; an acknowledged 422 wrote
+//!   nothing; no event carries a command id the test never sent;
+//! - I3: replaying acknowledged keys returns the original outcome and writes nothing;
+//! - I5: all of this holds after 20+ crashes with no manual step.
+//!
+//! `CRASH_SEED=<u64>` fixes the random choices (timing stays nondeterministic).
+//! `CRASH_SHOP_ARGS="..."` appends flags to the shop command line, e.g.
+//! `--dedup-window-secs 0` to watch the test fail when deduplication is off. `EVENTFOLD_*`
+//! variables other than `EVENTFOLD_LOG` are not passed on to the child.
+
+use eventfold::Aggregate as _;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use shop::domain::{Order, OrderEvent};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::OpenOptions;
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Concurrent clients.
+const CLIENTS: usize = 16;
+/// Commands other than `PlaceOrder` for a new id go to one of the newest this many orders.
+const ORDER_WINDOW: u64 = 40;
+/// SIGKILLs under load (one more follows once the load has stopped).
+const KILLS: u32 = 20;
+/// Random delay between a restart being ready and the next kill, in milliseconds.
+const KILL_DELAY_MS: std::ops::Range<u64> = 50..600;
+/// How long a (re)start may take until `/readyz` answers 200.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Past this, clients stop starting new commands even if the killer is not done.
+const LOAD_BUDGET: Duration = Duration::from_secs(75);
+/// Past this, a client gives up retrying its outstanding command (reported as a failure).
+const HARD_BUDGET: Duration = Duration::from_secs(100);
+/// Per-request timeout of the clients (the server answers 504 after 10 s by default).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Acknowledged keys of each outcome (200, 422) replayed at the end.
+const REPLAY_PER_OUTCOME: usize = 400;
+
+// ---------------------------------------------------------------------------------------
+// The child process.
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+enum NotReady {
+    Exited(ExitStatus),
+    Timeout,
+}
+
+/// The `shop` child process; killed (SIGKILL) when dropped, also on panic.
+struct Server {
+    bin: PathBuf,
+    data_dir: PathBuf,
+    stderr_path: PathBuf,
+    port: u16,
+    child: Option<Child>,
+    starts: u32,
+    port_changes: u32,
+    ready_times: Vec<Duration>,
+    extra_args: Vec<String>,
+}
+
+impl Server {
+    fn new(data_dir: &Path, stderr_path: &Path) -> Self {
+        Self {
+            bin: PathBuf::from(env!("CARGO_BIN_EXE_shop")),
+            data_dir: data_dir.to_owned(),
+            stderr_path: stderr_path.to_owned(),
+            port: free_port(),
+            child: None,
+            starts: 0,
+            port_changes: 0,
+            ready_times: Vec::new(),
+            extra_args: std::env::var("CRASH_SHOP_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "spawn while a child runs");
+        self.starts += 1;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_path)
+            .expect("open the stderr file");
+        writeln!(
+            log,
+            "=== crash test: start #{} on port {} ===",
+            self.starts, self.port
+        )
+        .expect("write the stderr file");
+        let mut cmd = Command::new(&self.bin);
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("EVENTFOLD_") && name != "EVENTFOLD_LOG" {
+                cmd.env_remove(&*name);
+            }
+        }
+        let child = cmd
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--http")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn the shop binary");
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&mut self, http: &reqwest::Client) -> Result<Duration, NotReady> {
+        let t0 = Instant::now();
+        let url = format!("{}/readyz", self.base());
+        loop {
+            let child = self.child.as_mut().expect("a running child");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Err(NotReady::Exited(status));
+            }
+            if t0.elapsed() > READY_TIMEOUT {
+                return Err(NotReady::Timeout);
+            }
+            let probe = http.get(&url).timeout(Duration::from_secs(1)).send().await;
+            if let Ok(resp) = probe
+                && resp.status() == reqwest::StatusCode::OK
+            {
+                return Ok(t0.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Starts the child and waits until it is ready. If it exits before (e.g. the port was
+    /// taken meanwhile by an outgoing connection), retries on a fresh port.
+    async fn start(&mut self, http: &reqwest::Client) {
+        for attempt in 0..5 {
+            self.spawn();
+            match self.wait_ready(http).await {
+                Ok(took) => {
+                    self.ready_times.push(took);
+                    return;
+                }
+                Err(NotReady::Exited(status)) if attempt < 4 => {
+                    eprintln!(
+                        "crash test: shop exited before ready ({status}) on port {}; trying another port",
+                        self.port
+                    );
+                    self.port = free_port();
+                    self.port_changes += 1;
+                }
+                Err(NotReady::Exited(status)) => panic!(
+                    "shop exited before it was ready ({status}); its stderr:\n{}",
+                    self.stderr_tail()
+                ),
+                Err(NotReady::Timeout) => panic!(
+                    "shop was not ready within {READY_TIMEOUT:?} (start #{}); its stderr:\n{}",
+                    self.starts,
+                    self.stderr_tail()
+                ),
+            }
+        }
+    }
+
+    /// SIGKILL (`Child::kill` on Unix) and reap.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn stderr_tail(&self) -> String {
+        const TAIL: u64 = 8 * 1024;
+        let Ok(mut f) = std::fs::File::open(&self.stderr_path) else {
+            return "(no stderr file)".into();
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL)));
+        let mut buf = Vec::new();
+        let _ = f.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Clients.
+
+/// State shared by the clients and the killer.
+struct Shared {
+    /// Base URL of the current child (the port may change on restart).
+    base: RwLock<String>,
+    /// Set when the killer is done: finish the outstanding command, then stop.
+    stop: AtomicBool,
+    started: Instant,
+    next_order: AtomicU64,
+    /// Retries by reason (`connect`, `503`, `body`, ...).
+    retries: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Shared {
+    fn retried(&self, reason: String) {
+        *self.retries.lock().unwrap().entry(reason).or_default() += 1;
+    }
+}
+
+/// One command a client sent, with its definitive answer if it got one.
+struct Sent {
+    key: String,
+    order: String,
+    command: Value,
+    /// (HTTP status, JSON body); `None` if the client gave up at the hard deadline.
+    answer: Option<(u16, Value)>,
+    /// How many times it was sent.
+    attempts: u32,
+}
+
+fn order_id(n: u64) -> String {
+    format!("o-{n}")
+}
+
+const SKUS: [&str; 5] = ["apple", "pear", "plum", "fig", "kiwi"];
+
+fn line(rng: &mut StdRng) -> Value {
+    json!({
+        "sku": SKUS[rng.random_range(0..SKUS.len())],
+        "qty": rng.random_range(1..5u32),
+        "price_cents": rng.random_range(0..2_000u64),
+    })
+}
+
+fn place(rng: &mut StdRng, client: usize) -> Value {
+    let items: Vec<Value> = (0..rng.random_range(1..4)).map(|_| line(rng)).collect();
+    json!({"type": "PlaceOrder", "customer_id": format!("c-{client}"), "items": items})
+}
+
+/// A command mix that yields both 200 and 422 often: new orders, lifecycle moves that
+/// race each other, and a few commands that can only be refused.
+fn pick(rng: &mut StdRng, shared: &Shared, client: usize) -> (u64, Value) {
+    let hi = shared.next_order.load(Ordering::Relaxed);
+    if hi == 0 || rng.random_bool(0.12) {
+        let n = shared.next_order.fetch_add(1, Ordering::Relaxed);
+        return (n, place(rng, client));
+    }
+    let id = rng.random_range(hi.saturating_sub(ORDER_WINDOW)..hi);
+    let r: f64 = rng.random();
+    let cmd = if r < 0.04 {
+        place(rng, client) // already placed (422), unless it races the first place
+    } else if r < 0.06 {
+        json!({"type": "AddItem", "sku": "void", "qty": 0, "price_cents": 1}) // always 422
+    } else if r < 0.08 {
+        // An id nobody placed yet: usually order_not_found.
+        return (hi, json!({"type": "ConfirmOrder"}));
+    } else if r < 0.45 {
+        let mut l = line(rng);
+        l["type"] = json!("AddItem");
+        l
+    } else if r < 0.68 {
+        json!({"type": "ConfirmOrder"})
+    } else if r < 0.80 {
+        json!({"type": "CancelOrder", "reason": format!("changed mind #{}", rng.random_range(0..1000))})
+    } else {
+        json!({"type": "ShipOrder"})
+    };
+    (id, cmd)
+}
+
+/// Sends `command` with `key` until the answer is definitive (200 or any other 4xx), or
+/// the hard deadline passes. Connection errors, 5xx and unreadable bodies are retried.
+async fn submit(
+    http: &reqwest::Client,
+    shared: &Shared,
+    rng: &mut StdRng,
+    order: &str,
+    key: &str,
+    command: &Value,
+    attempts: &mut u32,
+) -> Option<(u16, Value)> {
+    loop {
+        if shared.started.elapsed() > HARD_BUDGET {
+            return None;
+        }
+        let base = shared.base.read().unwrap().clone();
+        let url = format!("{base}/v1/aggregates/order/{order}/commands");
+        *attempts += 1;
+        let reason = match http
+            .post(&url)
+            .header("Idempotency-Key", key)
+            .json(command)
+            .send()
+            .await
+        {
+            Err(e) if e.is_timeout() => "timeout".to_owned(),
+            Err(_) => "connect".to_owned(),
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                if status >= 500 {
+                    status.to_string()
+                } else {
+                    match resp.json::<Value>().await {
+                        Ok(body) => return Some((status, body)),
+                        Err(_) => format!("{status}-body"),
+                    }
+                }
+            }
+        };
+        shared.retried(reason);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(10..50))).await;
+    }
+}
+
+async fn client(i: usize, seed: u64, http: reqwest::Client, shared: Arc<Shared>) -> Vec<Sent> {
+    let mut rng = StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut sent = Vec::new();
+    while !shared.stop.load(Ordering::Relaxed) && shared.started.elapsed() < LOAD_BUDGET {
+        let (n, command) = pick(&mut rng, &shared, i);
+        let order = order_id(n);
+        let key = format!("ck-{i}-{}", sent.len());
+        let mut attempts = 0;
+        let answer = submit(
+            &http,
+            &shared,
+            &mut rng,
+            &order,
+            &key,
+            &command,
+            &mut attempts,
+        )
+        .await;
+        sent.push(Sent {
+            key,
+            order,
+            command,
+            answer,
+            attempts,
+        });
+    }
+    sent
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks.
+
+async fn get(http: &reqwest::Client, url: &str) -> (u16, Value) {
+    let resp = http
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = resp.status().as_u16();
+    let body = resp
+        .json::<Value>()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: body is not JSON: {e}"));
+    (status, body)
+}
+
+/// All events of an order, page by page.
+async fn all_events(http: &reqwest::Client, base: &str, order: &str) -> Vec<Value> {
+    let mut events: Vec<Value> = Vec::new();
+    loop {
+        let from = events.len() + 1;
+        let url = format!("{base}/v1/aggregates/order/{order}/events?from_version={from}");
+        let (status, body) = get(http, &url).await;
+        assert_eq!(status, 200, "GET {url} -> {status} {body}");
+        let page = body
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("GET {url}: not an array: {body}"));
+        if page.is_empty() {
+            return events;
+        }
+        events.extend(page);
+    }
+}
+
+/// Every order's events, read back through the API.
+async fn read_log(http: &reqwest::Client, base: &str, orders: u64) -> BTreeMap<u64, Vec<Value>> {
+    let mut log = BTreeMap::new();
+    for n in 0..orders {
+        log.insert(n, all_events(http, base, &order_id(n)).await);
+    }
+    log
+}
+
+/// I2 for one order: versions 1..n, state version n, state == fold(events).
+async fn check_order(
+    http: &reqwest::Client,
+    base: &str,
+    order: &str,
+    events: &[Value],
+    failures: &mut Vec<String>,
+) {
+    let mut folded = Order::default();
+    for (i, e) in events.iter().enumerate() {
+        let expected = i as u64 + 1;
+        if e["version"].as_u64() != Some(expected) {
+            failures.push(format!(
+                "I2 {order}: event #{expected} has version {} (versions must be 1..n): {e}",
+                e["version"]
+            ));
+        }
+        if e["payload"]["type"] != e["type"] {
+            failures.push(format!(
+                "{order} v{expected}: type differs from payload type: {e}"
+            ));
+        }
+        match serde_json::from_value::<OrderEvent>(e["payload"].clone()) {
+            Ok(ev) => folded.apply(&ev),
+            Err(err) => failures.push(format!(
+                "{order} v{expected}: payload is not an OrderEvent ({err}): {e}"
+            )),
+        }
+    }
+    let url = format!("{base}/v1/aggregates/order/{order}");
+    let (status, body) = get(http, &url).await;
+    match (status, events.is_empty()) {
+        (404, true) => {}
+        (200, false) => {
+            if body["version"].as_u64() != Some(events.len() as u64) {
+                failures.push(format!(
+                    "I2 {order}: state version {} but {} events",
+                    body["version"],
+                    events.len()
+                ));
+            }
+            let fold = serde_json::to_value(&folded).expect("serialize the fold");
+            if body["state"] != fold {
+                failures.push(format!(
+                    "I2 {order}: stored state differs from the fold of its events\n  stored: {}\n  fold:   {fold}",
+                    body["state"]
+                ));
+            }
+        }
+        _ => failures.push(format!(
+            "{order}: GET state -> {status} {body} with {} events",
+            events.len()
+        )),
+    }
+}
+
+/// I1/I3/I4 against the acknowledgements: returns the number of events checked.
+fn check_acks(log: &BTreeMap<u64, Vec<Value>>, sent: &[Sent], failures: &mut Vec<String>) -> usize {
+    // command id -> [(order, event)]
+    let mut by_command: HashMap<&str, Vec<(String, &Value)>> = HashMap::new();
+    let mut events = 0;
+    for (n, evs) in log {
+        for e in evs {
+            events += 1;
+            let cid = e["command_id"].as_str().unwrap_or("");
+            by_command.entry(cid).or_default().push((order_id(*n), e));
+        }
+    }
+    let keys: HashSet<&str> = sent.iter().map(|s| s.key.as_str()).collect();
+    for (cid, evs) in &by_command {
+        if !keys.contains(cid) {
+            failures.push(format!(
+                "I1: {} event(s) carry command id {cid:?}, which the test never sent: {}",
+                evs.len(),
+                evs[0].1
+            ));
+        }
+    }
+    for s in sent {
+        let stored = by_command
+            .get(s.key.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        match &s.answer {
+            Some((200, ack)) => {
+                let ack_events = ack["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                if ack["aggregate_id"] != json!(s.order) {
+                    failures.push(format!(
+                        "{}: ack for {} names another aggregate: {ack}",
+                        s.key, s.order
+                    ));
+                }
+                if ack_events.len() != 1 {
+                    failures.push(format!(
+                        "{}: an order command writes one event, ack has {}: {ack}",
+                        s.key,
+                        ack_events.len()
+                    ));
+                }
+                if ack_events.last().map(|e| &e["version"]) != Some(&ack["version"]) {
+                    failures.push(format!(
+                        "{}: ack version is not its last event's: {ack}",
+                        s.key
+                    ));
+                }
+                if ack["position"].as_str().is_none_or(str::is_empty) {
+                    failures.push(format!("{}: ack without position: {ack}", s.key));
+                }
+                let same = stored.len() == ack_events.len()
+                    && stored
+                        .iter()
+                        .zip(ack_events)
+                        .all(|((order, stored), acked)| *order == s.order && *stored == acked);
+                if !same {
+                    let stored: Vec<String> =
+                        stored.iter().map(|(o, e)| format!("{o}: {e}")).collect();
+                    failures.push(format!(
+                        "I1/I4 {} ({} on {}): acknowledged 200 but the events carrying that key are: {stored:?}\n  ack: {ack}",
+                        s.key, s.command, s.order
+                    ));
+                }
+            }
+            Some((422, body)) => {
+                if body["error"].as_str().is_none_or(str::is_empty) {
+                    failures.push(format!("{}: 422 without error code: {body}", s.key));
+                }
+                if !stored.is_empty() {
+                    let stored: Vec<String> =
+                        stored.iter().map(|(o, e)| format!("{o}: {e}")).collect();
+                    failures.push(format!(
+                        "I1 {} ({} on {}): acknowledged 422 {body} but the log holds events for it: {stored:?}",
+                        s.key, s.command, s.order
+                    ));
+                }
+            }
+            Some((status, body)) => failures.push(format!(
+                "{} ({} on {}): unexpected answer {status} {body}",
+                s.key, s.command, s.order
+            )),
+            None => {
+                // Never acknowledged: at most once, and only where it was sent.
+                if stored.len() > 1 || stored.iter().any(|(o, _)| *o != s.order) {
+                    failures.push(format!(
+                        "I1 {}: unacknowledged command written twice or elsewhere",
+                        s.key
+                    ));
+                }
+                failures.push(format!(
+                    "{} ({} on {}): no definitive answer within {HARD_BUDGET:?}",
+                    s.key, s.command, s.order
+                ));
+            }
+        }
+    }
+    events
+}
+
+/// I3: replays a sample of acknowledged keys; each must return its original outcome.
+async fn replay(http: &reqwest::Client, base: &str, sample: Vec<&Sent>) -> Vec<String> {
+    let mut tasks = Vec::new();
+    for chunk in sample.chunks(sample.len().div_ceil(CLIENTS).max(1)) {
+        let jobs: Vec<(String, String, Value, u16, Value)> = chunk
+            .iter()
+            .map(|s| {
+                let (status, body) = s.answer.clone().expect("acknowledged");
+                (
+                    s.key.clone(),
+                    s.order.clone(),
+                    s.command.clone(),
+                    status,
+                    body,
+                )
+            })
+            .collect();
+        let http = http.clone();
+        let base = base.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            for (key, order, command, status, body) in jobs {
+                let url = format!("{base}/v1/aggregates/order/{order}/commands");
+                let resp = http
+                    .post(&url)
+                    .header("Idempotency-Key", &key)
+                    .json(&command)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("replay POST {url}: {e}"));
+                let again_status = resp.status().as_u16();
+                let again = resp.json::<Value>().await.unwrap_or(Value::Null);
+                if again_status != status || again != body {
+                    failures.push(format!(
+                        "I3 {key} ({command} on {order}): first answer {status} {body}\n  replay answered {again_status} {again}"
+                    ));
+                }
+            }
+            failures
+        }));
+    }
+    let mut failures = Vec::new();
+    for t in tasks {
+        failures.extend(t.await.expect("replay task"));
+    }
+    failures
+}
+
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_under_load_keeps_invariants() {
+    let t0 = Instant::now();
+    let seed = std::env::var("CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data_dir = dir.path().join("data");
+    let stderr_path = dir.path().join("shop.stderr");
+    eprintln!(
+        "crash test: seed {seed} (CRASH_SEED), data in {}, shop stderr in {}",
+        data_dir.display(),
+        stderr_path.display()
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(REQUEST_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .expect("http client");
+
+    let mut server = Server::new(&data_dir, &stderr_path);
+    server.start(&http).await;
+    let shared = Arc::new(Shared {
+        base: RwLock::new(server.base()),
+        stop: AtomicBool::new(false),
+        started: Instant::now(),
+        next_order: AtomicU64::new(0),
+        retries: Mutex::new(BTreeMap::new()),
+    });
+
+    // Load.
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| tokio::spawn(client(i, seed, http.clone(), shared.clone())))
+        .collect();
+
+    // Killer.
+    let mut kills = 0;
+    let mut startup_kills = 0;
+    while kills < KILLS && shared.started.elapsed() < LOAD_BUDGET {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_DELAY_MS))).await;
+        server.kill();
+        kills += 1;
+        if rng.random_bool(0.25) {
+            // Sometimes crash again while the restart restores (or just after).
+            server.spawn();
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..150))).await;
+            server.kill();
+            startup_kills += 1;
+        }
+        server.start(&http).await;
+        *shared.base.write().unwrap() = server.base();
+    }
+    let load_time = shared.started.elapsed();
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut sent: Vec<Sent> = Vec::new();
+    for c in clients {
+        sent.extend(c.await.expect("client task"));
+    }
+    let drain_time = shared.started.elapsed() - load_time;
+
+    // One more crash with no load, so the last acknowledgements are checked for durability too.
+    server.kill();
+    kills += 1;
+    server.start(&http).await;
+    let base = server.base();
+
+    // Checks.
+    let mut failures = Vec::new();
+    if kills <= KILLS {
+        failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
+    }
+    let orders = shared.next_order.load(Ordering::Relaxed) + 1; // + an id only ever refused
+    let log = read_log(&http, &base, orders).await;
+    for (n, events) in &log {
+        check_order(&http, &base, &order_id(*n), events, &mut failures).await;
+    }
+    let events = check_acks(&log, &sent, &mut failures);
+
+    let ok: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| matches!(s.answer, Some((200, _))))
+        .collect();
+    let rejected: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| matches!(s.answer, Some((422, _))))
+        .collect();
+    let mut sample: Vec<&Sent> = Vec::new();
+    for class in [&ok, &rejected] {
+        let picked =
+            rand::seq::index::sample(&mut rng, class.len(), REPLAY_PER_OUTCOME.min(class.len()));
+        sample.extend(picked.iter().map(|i| class[i]));
+    }
+    let replayed = sample.len();
+    let replay_started = Instant::now();
+    failures.extend(replay(&http, &base, sample).await);
+    let replay_time = replay_started.elapsed();
+    if read_log(&http, &base, orders).await != log {
+        failures.push("I3: replaying acknowledged keys changed the log".into());
+    }
+
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let panics = stderr.lines().filter(|l| l.contains("panicked")).count();
+    let errors = stderr.lines().filter(|l| l.contains("ERROR")).count();
+    let warnings = stderr.lines().filter(|l| l.contains("WARN")).count();
+    if panics > 0 {
+        failures.push(format!("shop panicked {panics} time(s); see its stderr"));
+    }
+
+    let retries = shared.retries.lock().unwrap().clone();
+    let ready_ms: Vec<u128> = server.ready_times.iter().map(Duration::as_millis).collect();
+    let max_ready = ready_ms.iter().max().copied().unwrap_or(0);
+    let mean_ready = ready_ms.iter().sum::<u128>() / ready_ms.len().max(1) as u128;
+    let nonempty = log.values().filter(|e| !e.is_empty()).count();
+    let retried = |status: u16| {
+        sent.iter()
+            .filter(|s| s.attempts > 1 && matches!(s.answer, Some((st, _)) if st == status))
+            .count()
+    };
+    eprintln!(
+        "crash test: {kills} kills under load + {startup_kills} during startup ({} starts, {} port changes; ready after restart: mean {mean_ready} ms, max {max_ready} ms)",
+        server.starts, server.port_changes
+    );
+    eprintln!(
+        "crash test: {} commands acknowledged of {} sent: {} x 200, {} x 422; {} retries {retries:?}; acknowledged after a retry: {} x 200, {} x 422",
+        ok.len() + rejected.len(),
+        sent.len(),
+        ok.len(),
+        rejected.len(),
+        retries.values().sum::<u64>(),
+        retried(200),
+        retried(422),
+    );
+    eprintln!(
+        "crash test: {nonempty} orders with {events} events checked; {replayed} keys replayed in {} ms; shop stderr: {errors} ERROR, {warnings} WARN lines",
+        replay_time.as_millis()
+    );
+    eprintln!(
+        "crash test: load {} ms, drain {} ms, total {} ms",
+        load_time.as_millis(),
+        drain_time.as_millis(),
+        t0.elapsed().as_millis()
+    );
+    if ok.len() < 100 || rejected.len() < 100 {
+        failures.push(format!(
+            "too little load to mean anything: {} x 200, {} x 422",
+            ok.len(),
+            rejected.len()
+        ));
+    }
+
+    if !failures.is_empty() {
+        server.kill();
+        let kept = dir.keep();
+        for f in failures.iter().take(40) {
+            eprintln!("FAIL {f}");
+        }
+        eprintln!("--- shop stderr (tail) ---\n{}", server.stderr_tail());
+        panic!(
+            "{} invariant violation(s) after {kills} kills (seed {seed}); data kept in {}",
+            failures.len(),
+            kept.display()
+        );
+    }
+}
