@@ -11,6 +11,7 @@ pub mod error;
 pub mod harness;
 pub mod partition;
 pub mod position;
+pub mod testing;
 pub mod time;
 
 pub use aggregate::{Aggregate, Context, Reject};

@@ -1,77 +1,17 @@
 //! HTTP contract tests (DESIGN §6) over a real socket: every route, every status code,
-//! every error body `{error, message}`. The aggregate is a small counter defined here so
-//! that the tests can also provoke overload (503) and timeouts (504).
+//! every error body `{error, message}`. The aggregate is eventfold's test counter, whose
+//! `Slow` command lets the tests provoke overload (503) and timeouts (504).
 
-use eventfold_core::{Aggregate, Context, Reject};
+use eventfold_core::testing::Counter;
 use eventfold_http::HttpOptions;
 use eventfold_log::embedded::{EmbeddedLog, Options};
 use eventfold_runtime::{Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-struct Counter {
-    total: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "type")]
-enum CounterCommand {
-    Add { n: u64 },
-    /// Sleeps inside `handle`, to fill queues and exceed timeouts in tests.
-    Slow { ms: u64 },
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type")]
-enum CounterEvent {
-    Added { n: u64 },
-}
-
-#[derive(Debug)]
-struct LimitExceeded(u64);
-
-impl std::fmt::Display for LimitExceeded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "adding would take the counter to {}, above the limit of 100", self.0)
-    }
-}
-
-impl Reject for LimitExceeded {
-    fn code(&self) -> &'static str {
-        "limit_exceeded"
-    }
-}
-
-impl Aggregate for Counter {
-    const TYPE: &'static str = "counter";
-    type Command = CounterCommand;
-    type Event = CounterEvent;
-    type Rejection = LimitExceeded;
-    type Config = ();
-
-    fn handle(&self, command: CounterCommand, _: &Context<'_, ()>) -> Result<Vec<CounterEvent>, LimitExceeded> {
-        match command {
-            CounterCommand::Add { n } if self.total + n > 100 => Err(LimitExceeded(self.total + n)),
-            CounterCommand::Add { n } => Ok(vec![CounterEvent::Added { n }]),
-            CounterCommand::Slow { ms } => {
-                std::thread::sleep(Duration::from_millis(ms));
-                Ok(vec![])
-            }
-        }
-    }
-
-    fn apply(&mut self, event: &CounterEvent) {
-        match event {
-            CounterEvent::Added { n } => self.total += n,
-        }
-    }
-}
 
 struct Server {
     base: String,

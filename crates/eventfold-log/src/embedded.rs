@@ -5,10 +5,10 @@
 //! then answers every caller. One command alone is committed at once; under load many
 //! commands share an fsync. Offsets advance in memory only after the batch is durable.
 
-use crate::{Append, CommitUnit, Error, Log, Receipt, Result, offset_key};
+use crate::{CommitUnit, Error, Log, Receipt, Result, offset_key};
 use async_trait::async_trait;
 use eventfold_core::Record;
-use eventfold_store::{Batch, Store};
+use eventfold_store::{Batch, EncodedRecord, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +46,24 @@ pub struct Stats {
 
 const PARTITIONS_KEY: &str = "log/partitions";
 
-type Job = (CommitUnit, oneshot::Sender<Result<Receipt>>);
+/// A commit unit with its records already encoded and checksummed by the caller, so the
+/// single committer thread only assigns offsets, builds keys and writes.
+struct Staged {
+    appends: Vec<(Arc<str>, u32, EncodedRecord, Option<(Vec<u8>, u64)>)>,
+    consumed: Vec<crate::Consumed>,
+    local: Batch,
+    bytes: usize,
+}
+
+impl Staged {
+    fn new(unit: CommitUnit) -> Self {
+        let appends: Vec<_> = unit.appends.into_iter().map(|a| (a.topic, a.partition, EncodedRecord::new(&a.record), a.entity)).collect();
+        let bytes = unit.local.bytes() + appends.iter().map(|a| a.2.len()).sum::<usize>();
+        Self { appends, consumed: unit.consumed, local: unit.local, bytes }
+    }
+}
+
+type Job = (Staged, oneshot::Sender<Result<Receipt>>);
 
 /// The embedded backend of [`Log`].
 pub struct EmbeddedLog {
@@ -78,7 +95,14 @@ impl EmbeddedLog {
         }
         let (tx, rx) = mpsc::channel::<Job>(4096);
         let stats = Arc::new(Stats::default());
-        let committer = Committer { store: store.clone(), options: options.clone(), ends: HashMap::new(), stats: stats.clone() };
+        let committer = Committer {
+            store: store.clone(),
+            options: options.clone(),
+            ends: HashMap::new(),
+            stats: stats.clone(),
+            poisoned: None,
+            fenced: HashMap::new(),
+        };
         std::thread::Builder::new()
             .name("eventfold-commit".into())
             .spawn(move || committer.run(rx))
@@ -99,22 +123,28 @@ impl EmbeddedLog {
     }
 }
 
+/// Fail-stop: writers pipeline units (the next one is built on the state of the previous
+/// one before it is durable), so once a unit fails, nothing that may depend on it can be
+/// allowed to land. A failed group poisons the whole log; a unit refused alone fences
+/// the topic-partitions it writes.
 struct Committer {
     store: Store,
     options: Options,
     ends: HashMap<(Arc<str>, u32), u64>,
     stats: Arc<Stats>,
+    poisoned: Option<String>,
+    fenced: HashMap<(Arc<str>, u32), String>,
 }
 
 impl Committer {
     fn run(mut self, mut rx: mpsc::Receiver<Job>) {
         while let Some(first) = rx.blocking_recv() {
             let mut jobs = vec![first];
-            let mut bytes = jobs[0].0.local.bytes();
+            let mut bytes = jobs[0].0.bytes;
             while bytes < self.options.max_group_bytes {
                 match rx.try_recv() {
                     Ok(job) => {
-                        bytes += job.0.local.bytes() + job.0.appends.iter().map(|a| a.record.value.len()).sum::<usize>();
+                        bytes += job.0.bytes;
                         jobs.push(job);
                     }
                     Err(_) => break,
@@ -134,6 +164,12 @@ impl Committer {
     }
 
     fn commit_group(&mut self, jobs: Vec<Job>) {
+        if let Some(why) = &self.poisoned {
+            for (_, reply) in jobs {
+                let _ = reply.send(Err(Error::Closed(format!("an earlier group commit failed ({why}); restart to recover"))));
+            }
+            return;
+        }
         let mut batch = Batch::new();
         let mut next: HashMap<(Arc<str>, u32), u64> = HashMap::new();
         let mut receipts = Vec::with_capacity(jobs.len());
@@ -146,7 +182,11 @@ impl Committer {
                     records += receipt.offsets.len() as u64;
                     receipts.push(Some(receipt));
                 }
-                Err(e) => {
+                Err((e, tps)) => {
+                    let msg = e.to_string();
+                    for tp in tps {
+                        self.fenced.entry(tp).or_insert_with(|| msg.clone());
+                    }
                     let _ = reply.send(Err(e));
                     continue;
                 }
@@ -165,8 +205,9 @@ impl Committer {
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "group commit failed; no unit of it was written");
+                tracing::error!(error = %e, "group commit failed; no unit of it was written; the log refuses further commits");
                 let msg = e.to_string();
+                self.poisoned = Some(msg.clone());
                 for reply in replies {
                     let _ = reply.send(Err(Error::Closed(format!("group commit failed: {msg}"))));
                 }
@@ -174,29 +215,43 @@ impl Committer {
         }
     }
 
-    /// Adds one unit to the group batch; a unit that cannot be staged fails alone.
-    fn stage(&mut self, unit: CommitUnit, batch: &mut Batch, next: &mut HashMap<(Arc<str>, u32), u64>) -> Result<Receipt> {
-        let bytes = unit.local.bytes() + unit.appends.iter().map(|a| a.record.value.len() + a.record.key.len()).sum::<usize>();
-        if bytes > self.options.max_unit_bytes {
-            return Err(Error::TooLarge { bytes, limit: self.options.max_unit_bytes });
+    /// Adds one unit to the group batch; a unit that cannot be staged fails alone and
+    /// fences the topic-partitions it writes.
+    #[allow(clippy::type_complexity)]
+    fn stage(
+        &mut self,
+        unit: Staged,
+        batch: &mut Batch,
+        next: &mut HashMap<(Arc<str>, u32), u64>,
+    ) -> std::result::Result<Receipt, (Error, Vec<(Arc<str>, u32)>)> {
+        let tps: Vec<(Arc<str>, u32)> = unit.appends.iter().map(|a| (a.0.clone(), a.1)).collect();
+        if let Some(why) = tps.iter().find_map(|tp| self.fenced.get(tp)) {
+            return Err((Error::Closed(format!("an earlier unit for this partition failed ({why})")), tps));
         }
-        for a in &unit.appends {
-            if a.partition >= self.options.partitions {
-                return Err(Error::NoSuchPartition { topic: a.topic.to_string(), partition: a.partition, partitions: self.options.partitions });
+        self.stage_unit(unit, batch, next).map_err(|e| (e, tps))
+    }
+
+    fn stage_unit(&mut self, unit: Staged, batch: &mut Batch, next: &mut HashMap<(Arc<str>, u32), u64>) -> Result<Receipt> {
+        if unit.bytes > self.options.max_unit_bytes {
+            return Err(Error::TooLarge { bytes: unit.bytes, limit: self.options.max_unit_bytes });
+        }
+        for (topic, partition, _, _) in &unit.appends {
+            if *partition >= self.options.partitions {
+                return Err(Error::NoSuchPartition { topic: topic.to_string(), partition: *partition, partitions: self.options.partitions });
             }
-            Store::check_key("topic", &a.topic)?;
+            Store::check_key("topic", topic)?;
         }
         let mut local_next: HashMap<(Arc<str>, u32), u64> = HashMap::new();
         let mut offsets = Vec::with_capacity(unit.appends.len());
-        for Append { topic, partition, record, entity } in &unit.appends {
-            let k = (topic.clone(), *partition);
+        for (topic, partition, record, entity) in unit.appends {
+            let k = (topic.clone(), partition);
             let off = match local_next.get(&k).or_else(|| next.get(&k)) {
                 Some(o) => *o,
-                None => self.end(topic, *partition)?,
+                None => self.end(&topic, partition)?,
             };
-            batch.put_log(topic, *partition, off, record);
+            batch.put_log_encoded(&topic, partition, off, record);
             if let Some((id, version)) = entity {
-                batch.put_entity(topic, id, *version, *partition, off);
+                batch.put_entity(&topic, &id, version, partition, off);
             }
             local_next.insert(k, off + 1);
             offsets.push(off);
@@ -226,7 +281,7 @@ impl Log for EmbeddedLog {
 
     async fn commit(&self, unit: CommitUnit) -> Result<Receipt> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((unit, tx)).await.map_err(|_| Error::Closed("committer thread stopped".into()))?;
+        self.tx.send((Staged::new(unit), tx)).await.map_err(|_| Error::Closed("committer thread stopped".into()))?;
         rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
     }
 

@@ -8,14 +8,15 @@ use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::service::{PartitionState, Topics};
 use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
-use eventfold_log::{Append, CommitUnit, Log};
+use eventfold_log::{Append, CommitUnit, Log, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 /// A decoded command waiting for its partition.
 pub(crate) struct Job<A: Aggregate> {
@@ -24,6 +25,9 @@ pub(crate) struct Job<A: Aggregate> {
     pub correlation_id: String,
     pub command: A::Command,
     pub expected_version: Option<u64>,
+    /// Whether the caller chose the command id (an Idempotency-Key): only then can it
+    /// come again, so only then is it deduplicated.
+    pub keyed: bool,
     pub reply: oneshot::Sender<Result<Outcome>>,
 }
 
@@ -72,6 +76,7 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub dedup_window_ms: i64,
     pub dedup_sweep_every: Duration,
     pub cache_limit: usize,
+    pub max_inflight: usize,
 }
 
 struct Cached<A> {
@@ -81,7 +86,7 @@ struct Cached<A> {
 
 /// What a command in the batch will be answered with.
 enum Pending {
-    /// Known without the commit (dedup hit, conflict, ...).
+    /// Known without this batch's commit (dedup hit, conflict, ...).
     Ready(Result<Outcome>, CommandOutcome),
     /// Written in this batch; the position is filled in from the receipt.
     Written { outcome: Outcome, appends: std::ops::Range<usize> },
@@ -92,6 +97,31 @@ struct Slot {
     replies: Vec<oneshot::Sender<Result<Outcome>>>,
 }
 
+/// A batch whose commit is under way. Batches are answered strictly in order.
+struct InFlight {
+    commit: Option<JoinHandle<eventfold_log::Result<Receipt>>>,
+    slots: Vec<Slot>,
+    /// Command ids written by this batch (deduplicated in memory until it commits).
+    commands: Vec<String>,
+    /// Aggregates touched, with their new versions (notified after the commit).
+    touched: Vec<(Arc<str>, u64)>,
+    written: usize,
+    started: Instant,
+}
+
+type CommitResult = std::result::Result<Option<Receipt>, String>;
+
+async fn front(queue: &mut VecDeque<InFlight>) -> CommitResult {
+    match queue.front_mut().and_then(|f| f.commit.as_mut()) {
+        None => Ok(None),
+        Some(handle) => match handle.await {
+            Ok(Ok(receipt)) => Ok(Some(receipt)),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(join) => Err(format!("commit task failed: {join}")),
+        },
+    }
+}
+
 pub(crate) struct Processor<A: Aggregate> {
     cfg: ProcessorConfig<A>,
     log: Arc<dyn Log>,
@@ -99,7 +129,14 @@ pub(crate) struct Processor<A: Aggregate> {
     shared: Arc<PartitionShared>,
     metrics: Arc<AggregateMetrics>,
     notify: broadcast::Sender<(Arc<str>, u64)>,
+    /// Latest state per aggregate, including batches still committing: the next batch
+    /// builds on them. If a commit fails the partition stops, so nothing is built on a
+    /// state that did not become durable.
     cache: HashMap<String, Cached<A>>,
+    inflight: VecDeque<InFlight>,
+    /// Command id -> (index into `inflight` counted from `inflight_base`, slot).
+    inflight_ids: HashMap<String, (u64, usize)>,
+    inflight_base: u64,
     events_end: u64,
 }
 
@@ -112,7 +149,19 @@ impl<A: Aggregate> Processor<A> {
         metrics: Arc<AggregateMetrics>,
         notify: broadcast::Sender<(Arc<str>, u64)>,
     ) -> Self {
-        Self { cfg, log, clock, shared, metrics, notify, cache: HashMap::new(), events_end: 0 }
+        Self {
+            cfg,
+            log,
+            clock,
+            shared,
+            metrics,
+            notify,
+            cache: HashMap::new(),
+            inflight: VecDeque::new(),
+            inflight_ids: HashMap::new(),
+            inflight_base: 0,
+            events_end: 0,
+        }
     }
 
     fn fail(&self, reason: String) {
@@ -125,7 +174,8 @@ impl<A: Aggregate> Processor<A> {
         Error::PartitionFailed { aggregate: A::TYPE.into(), partition: self.cfg.partition, reason: self.shared.failure() }
     }
 
-    /// Runs until the queue closes: restore, then batches.
+    /// Runs until the queue closes: restore, then batches, with up to `max_inflight`
+    /// commits under way so that processing overlaps with fsync.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Job<A>>) {
         if let Err(e) = self.restore().await {
             self.fail(format!("restore failed: {e}"));
@@ -133,11 +183,20 @@ impl<A: Aggregate> Processor<A> {
         let mut sweep = tokio::time::interval(self.cfg.dedup_sweep_every);
         sweep.tick().await;
         let mut jobs = Vec::with_capacity(self.cfg.max_batch);
-        loop {
+        let mut open = true;
+        while open || !self.inflight.is_empty() {
+            let can_take = open && self.inflight.len() < self.cfg.max_inflight;
             tokio::select! {
-                n = rx.recv_many(&mut jobs, self.cfg.max_batch) => {
+                biased;
+                result = front(&mut self.inflight), if !self.inflight.is_empty() => {
+                    let done = self.inflight.pop_front().expect("front exists");
+                    self.inflight_base += 1;
+                    self.finish(done, result);
+                }
+                n = rx.recv_many(&mut jobs, self.cfg.max_batch), if can_take => {
                     if n == 0 {
-                        break;
+                        open = false;
+                        continue;
                     }
                     if self.shared.state() == PartitionState::Failed {
                         let err = self.failed_error();
@@ -147,11 +206,12 @@ impl<A: Aggregate> Processor<A> {
                         }
                         continue;
                     }
-                    if let Err(fatal) = self.process(std::mem::take(&mut jobs)).await {
+                    let batch = std::mem::replace(&mut jobs, Vec::with_capacity(self.cfg.max_batch));
+                    if let Err(fatal) = self.build(batch) {
                         self.fail(fatal);
                     }
                 }
-                _ = sweep.tick() => {
+                _ = sweep.tick(), if open => {
                     if self.shared.state() == PartitionState::Ready
                         && let Err(e) = self.sweep_dedup().await
                     {
@@ -177,7 +237,13 @@ impl<A: Aggregate> Processor<A> {
         self.sweep_dedup().await?;
         self.shared.set_progress(1.0);
         self.shared.set_state(PartitionState::Ready);
-        tracing::debug!(aggregate = A::TYPE, partition = p, events = self.events_end, elapsed_ms = started.elapsed().as_millis() as u64, "partition restored");
+        tracing::debug!(
+            aggregate = A::TYPE,
+            partition = p,
+            events = self.events_end,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "partition restored"
+        );
         Ok(())
     }
 
@@ -191,7 +257,11 @@ impl<A: Aggregate> Processor<A> {
             }
             let mut local = Batch::new();
             for (ts, id) in &expired {
-                local.delete_dedup(A::TYPE, self.cfg.partition, id, *ts);
+                // An id reused after it expired has a newer record: keep that one.
+                match self.log.store().get_dedup(A::TYPE, self.cfg.partition, id)? {
+                    Some(row) if row.timestamp_ms != *ts => local.delete_dedup_expiry(A::TYPE, self.cfg.partition, id, *ts),
+                    _ => local.delete_dedup(A::TYPE, self.cfg.partition, id, *ts),
+                }
             }
             self.log.commit(CommitUnit { local, ..Default::default() }).await?;
             tracing::debug!(aggregate = A::TYPE, partition = self.cfg.partition, removed = expired.len(), "expired dedup records removed");
@@ -212,66 +282,67 @@ impl<A: Aggregate> Processor<A> {
         Ok(Position::at(topic, self.cfg.partition, off).encode())
     }
 
-    /// Processes one batch. `Err` is fatal for the partition (corrupt store).
-    async fn process(&mut self, jobs: Vec<Job<A>>) -> std::result::Result<(), String> {
+    /// A stored outcome for `command_id`, if one is within the dedup window.
+    fn stored_outcome(&self, command_id: &str, now: i64) -> std::result::Result<Option<Outcome>, String> {
+        let Some(row) = self.log.store().get_dedup(A::TYPE, self.cfg.partition, command_id).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        if row.timestamp_ms < now - self.cfg.dedup_window_ms {
+            return Ok(None);
+        }
+        let mut outcome = serde_json::from_slice::<Outcome>(&row.outcome).map_err(|e| {
+            format!("corrupt record in table `dedup` for command {command_id:?}: outcome does not decode: {e}")
+        })?;
+        if let Outcome::Accepted(a) = &mut outcome {
+            a.position = self.position_of(&a.aggregate_id, a.version).map_err(|e| e.to_string())?;
+        }
+        Ok(Some(outcome))
+    }
+
+    /// Processes one batch and starts its commit. `Err` is fatal for the partition.
+    fn build(&mut self, jobs: Vec<Job<A>>) -> std::result::Result<(), String> {
         let now = self.clock.now_ms();
         let p = self.cfg.partition;
         let topics = self.cfg.topics.clone();
         let mut working: HashMap<String, Cached<A>> = HashMap::new();
         let mut slots: Vec<Slot> = Vec::with_capacity(jobs.len());
-        let mut by_command: HashMap<String, usize> = HashMap::with_capacity(jobs.len());
+        let mut by_command: HashMap<String, usize> = HashMap::new();
         let mut unit = CommitUnit::default();
-        let mut fatal = None;
+        let mut jobs = jobs.into_iter();
 
-        for job in jobs {
-            if fatal.is_some() {
-                slots.push(Slot { pending: Pending::Ready(Err(Error::ShuttingDown), CommandOutcome::Error), replies: vec![job.reply] });
+        let mut fatal = None;
+        for job in jobs.by_ref() {
+            // The same command id again while its first copy is still committing, or
+            // twice in this batch: every caller gets the one outcome.
+            if let Some(&(seq, i)) = self.inflight_ids.get(&job.command_id) {
+                let batch = (seq - self.inflight_base) as usize;
+                self.inflight[batch].slots[i].replies.push(job.reply);
+                self.metrics.count(CommandOutcome::Duplicate, 1);
                 continue;
             }
-            // The same command id twice in one batch: both callers get the one outcome.
             if let Some(&i) = by_command.get(&job.command_id) {
                 slots[i].replies.push(job.reply);
                 self.metrics.count(CommandOutcome::Duplicate, 1);
                 continue;
             }
-            match self.log.store().get_dedup(A::TYPE, p, &job.command_id) {
-                Ok(Some(row)) if row.timestamp_ms >= now - self.cfg.dedup_window_ms => {
-                    let pending = match serde_json::from_slice::<Outcome>(&row.outcome) {
-                        Ok(mut outcome) => {
-                            if let Outcome::Accepted(a) = &mut outcome {
-                                match self.position_of(&a.aggregate_id, a.version) {
-                                    Ok(pos) => a.position = pos,
-                                    Err(e) => {
-                                        fatal = Some(e.to_string());
-                                    }
-                                }
-                            }
-                            Pending::Ready(Ok(outcome), CommandOutcome::Duplicate)
-                        }
-                        Err(e) => {
-                            fatal = Some(format!(
-                                "corrupt record in table `dedup` for command {:?}: outcome does not decode: {e}",
-                                job.command_id
-                            ));
-                            Pending::Ready(Err(Error::ShuttingDown), CommandOutcome::Error)
-                        }
-                    };
-                    slots.push(Slot { pending, replies: vec![job.reply] });
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    fatal = Some(e.to_string());
-                    slots.push(Slot { pending: Pending::Ready(Err(Error::ShuttingDown), CommandOutcome::Error), replies: vec![job.reply] });
-                    continue;
+            if job.keyed {
+                match self.stored_outcome(&job.command_id, now) {
+                    Ok(Some(outcome)) => {
+                        slots.push(Slot { pending: Pending::Ready(Ok(outcome), CommandOutcome::Duplicate), replies: vec![job.reply] });
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        fatal = Some((e, job.reply));
+                        break;
+                    }
                 }
             }
             let entry = match self.load(&mut working, &job.aggregate_id) {
                 Ok(e) => e,
                 Err(e) => {
-                    fatal = Some(e);
-                    slots.push(Slot { pending: Pending::Ready(Err(Error::ShuttingDown), CommandOutcome::Error), replies: vec![job.reply] });
-                    continue;
+                    fatal = Some((e, job.reply));
+                    break;
                 }
             };
             if let Some(expected) = job.expected_version
@@ -282,128 +353,123 @@ impl<A: Aggregate> Processor<A> {
                 continue;
             }
             let ctx = Context { aggregate_id: &job.aggregate_id, version: entry.version, timestamp_ms: now, config: &self.cfg.config };
-            let pending = match entry.state.handle(job.command, &ctx) {
+            let outcome = match entry.state.handle(job.command, &ctx) {
                 Ok(events) => {
                     let start = unit.appends.len();
                     let mut views = Vec::with_capacity(events.len());
                     for event in &events {
                         entry.state.apply(event);
                         entry.version += 1;
-                        let (event_type, json) = codec::encode_event(event);
-                        let event_id = uuid::Uuid::now_v7().to_string();
-                        let version = entry.version.to_string();
-                        let record = Record { key: job.aggregate_id.as_bytes().to_vec(), value: json, headers: Vec::with_capacity(8), timestamp_ms: now }
-                            .with_header(headers::TYPE, event_type.as_bytes())
-                            .with_header(headers::ID, event_id.as_bytes())
-                            .with_header(headers::AGGREGATE_ID, job.aggregate_id.as_bytes())
-                            .with_header(headers::VERSION, version.as_bytes())
-                            .with_header(headers::COMMAND_ID, job.command_id.as_bytes())
-                            .with_header(headers::CORRELATION_ID, job.correlation_id.as_bytes())
-                            .with_header(headers::CAUSATION_ID, job.command_id.as_bytes())
-                            .with_header(headers::CONTENT_TYPE, "application/json");
-                        views.push(EventView {
-                            version: entry.version,
-                            event_type,
-                            id: event_id,
-                            command_id: job.command_id.clone(),
-                            timestamp: rfc3339_ms(now),
-                            payload: RawValue::from_string(String::from_utf8(record.value.clone()).expect("serde_json writes UTF-8"))
-                                .expect("serde_json writes JSON"),
-                        });
-                        unit.appends.push(Append {
-                            topic: topics.events.clone(),
-                            partition: p,
-                            record,
-                            entity: Some((job.aggregate_id.as_bytes().to_vec(), entry.version)),
-                        });
+                        let (view, append) = event_record::<A>(&topics.events, p, Ids { aggregate: &job.aggregate_id, command: &job.command_id, correlation: &job.correlation_id }, entry.version, event, now);
+                        views.push(view);
+                        unit.appends.push(append);
                     }
-                    let outcome = Outcome::Accepted(Accepted {
-                        aggregate_id: job.aggregate_id.clone(),
-                        version: entry.version,
-                        events: views,
-                        position: String::new(),
-                    });
-                    Pending::Written { outcome, appends: start..unit.appends.len() }
+                    let accepted = Accepted { aggregate_id: job.aggregate_id.clone(), version: entry.version, events: views, position: String::new() };
+                    Pending::Written { outcome: Outcome::Accepted(accepted), appends: start..unit.appends.len() }
                 }
                 Err(rejection) => Pending::Written {
                     outcome: Outcome::Rejected { error: rejection.code().to_owned(), message: rejection.to_string() },
                     appends: 0..0,
                 },
             };
-            if let Pending::Written { outcome, .. } = &pending {
+            if job.keyed
+                && let Pending::Written { outcome, .. } = &outcome
+            {
                 unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &codec::to_json(outcome));
             }
             by_command.insert(job.command_id, slots.len());
-            slots.push(Slot { pending, replies: vec![job.reply] });
+            slots.push(Slot { pending: outcome, replies: vec![job.reply] });
         }
 
-        let commands = slots.iter().filter(|s| matches!(s.pending, Pending::Written { .. })).count();
-        let mut commit_error = None;
-        let mut receipt = None;
-        if commands > 0 && fatal.is_none() {
-            for (id, c) in &working {
-                unit.local.put_state(A::TYPE, id, c.version, &codec::to_json(&c.state));
+        if let Some((reason, reply)) = fatal {
+            // Nothing of this batch is committed: every caller of it learns why.
+            let err = Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason: reason.clone() };
+            let replies = slots.into_iter().flat_map(|s| s.replies).chain(std::iter::once(reply)).chain(jobs.map(|j| j.reply));
+            let mut n = 0;
+            for r in replies {
+                let _ = r.send(Err(clone_err(&err)));
+                n += 1;
             }
-            let started = Instant::now();
-            match self.log.commit(unit).await {
-                Ok(r) => {
-                    self.metrics.commit_latency.observe(started.elapsed().as_secs_f64());
-                    self.metrics.batch_size.observe(commands as f64);
-                    receipt = Some(r);
-                }
-                Err(e) => {
-                    tracing::error!(aggregate = A::TYPE, partition = p, error = %e, "commit failed; the batch is dropped and callers get an error");
-                    commit_error = Some(e.to_string());
-                }
-            }
+            self.metrics.count(CommandOutcome::Error, n);
+            return Err(reason);
         }
 
+        let written = slots.iter().filter(|s| matches!(s.pending, Pending::Written { .. })).count();
+        let mut touched = Vec::with_capacity(working.len());
+        for (id, c) in &working {
+            unit.local.put_state(A::TYPE, id, c.version, &codec::to_json(&c.state));
+            touched.push((Arc::from(id.as_str()), c.version));
+        }
+        if self.cache.len() + working.len() > self.cfg.cache_limit {
+            self.cache.clear();
+        }
+        self.cache.extend(working);
+        let seq = self.inflight_base + self.inflight.len() as u64;
+        let commands: Vec<String> = by_command.into_iter().map(|(id, slot)| {
+            self.inflight_ids.insert(id.clone(), (seq, slot));
+            id
+        }).collect();
+        let commit = (written > 0).then(|| {
+            let log = self.log.clone();
+            tokio::spawn(async move { log.commit(unit).await })
+        });
+        self.inflight.push_back(InFlight { commit, slots, commands, touched, written, started: Instant::now() });
+        Ok(())
+    }
+
+    /// Answers a batch once its commit finished.
+    fn finish(&mut self, done: InFlight, result: CommitResult) {
+        let p = self.cfg.partition;
+        for id in &done.commands {
+            self.inflight_ids.remove(id);
+        }
+        let receipt = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.cache.clear();
+                let reason = format!("commit failed: {e}");
+                self.fail(reason.clone());
+                let err = Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason };
+                for slot in done.slots {
+                    let outcome = match slot.pending {
+                        Pending::Ready(_, o) => o,
+                        Pending::Written { .. } => CommandOutcome::Error,
+                    };
+                    self.metrics.count(outcome, slot.replies.len() as u64);
+                    for r in slot.replies {
+                        let _ = r.send(Err(clone_err(&err)));
+                    }
+                }
+                return;
+            }
+        };
         if let Some(r) = &receipt {
+            self.metrics.commit_latency.observe(done.started.elapsed().as_secs_f64());
+            self.metrics.batch_size.observe(done.written as f64);
             if let Some(last) = r.offsets.last() {
-                debug_assert!(*last + 1 > self.events_end || self.events_end == 0);
                 self.events_end = *last + 1;
             }
-            // Only committed state enters the cache.
-            if self.cache.len() + working.len() > self.cfg.cache_limit {
-                self.cache.clear();
-            }
-            for (id, c) in working {
-                let _ = self.notify.send((Arc::from(id.as_str()), c.version));
-                self.cache.insert(id, c);
+            for t in done.touched {
+                let _ = self.notify.send(t);
             }
         }
-
-        for slot in slots {
+        for slot in done.slots {
             let (result, counted) = match slot.pending {
                 Pending::Ready(r, o) => (r, o),
-                Pending::Written { mut outcome, appends } => match (&receipt, &commit_error) {
-                    (Some(r), _) => {
-                        let counted = match &mut outcome {
-                            Outcome::Accepted(a) => {
-                                let end = if appends.is_empty() { self.events_end } else { r.offsets[appends.end - 1] + 1 };
-                                a.position = Position::at(&topics.events, p, end).encode();
-                                CommandOutcome::Accepted
-                            }
-                            Outcome::Rejected { .. } => CommandOutcome::Rejected,
-                        };
-                        (Ok(outcome), counted)
-                    }
-                    (None, Some(e)) => (
-                        Err(Error::Log(eventfold_log::Error::Closed(format!("commit failed, nothing was written: {e}")))),
-                        CommandOutcome::Error,
-                    ),
-                    (None, None) => (Err(Error::PartitionFailed {
-                        aggregate: A::TYPE.into(),
-                        partition: p,
-                        reason: fatal.clone().unwrap_or_default(),
-                    }), CommandOutcome::Error),
-                },
-            };
-            let result = match (result, &fatal) {
-                (Err(Error::ShuttingDown), Some(reason)) => {
-                    Err(Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason: reason.clone() })
+                Pending::Written { mut outcome, appends } => {
+                    let counted = match &mut outcome {
+                        Outcome::Accepted(a) => {
+                            let end = match (&receipt, appends.is_empty()) {
+                                (Some(r), false) => r.offsets[appends.end - 1] + 1,
+                                _ => self.events_end,
+                            };
+                            a.position = Position::at(&self.cfg.topics.events, p, end).encode();
+                            CommandOutcome::Accepted
+                        }
+                        Outcome::Rejected { .. } => CommandOutcome::Rejected,
+                    };
+                    (Ok(outcome), counted)
                 }
-                (r, _) => r,
             };
             self.metrics.count(counted, slot.replies.len() as u64);
             let mut replies = slot.replies;
@@ -412,10 +478,6 @@ impl<A: Aggregate> Processor<A> {
                 let _ = extra.send(clone_result(&result));
             }
             let _ = first.send(result);
-        }
-        match fatal {
-            Some(reason) => Err(reason),
-            None => Ok(()),
         }
     }
 
@@ -439,6 +501,32 @@ impl<A: Aggregate> Processor<A> {
         }
         Ok(working.get_mut(id).expect("inserted above"))
     }
+}
+
+/// The ids an event record carries.
+struct Ids<'a> {
+    aggregate: &'a str,
+    command: &'a str,
+    correlation: &'a str,
+}
+
+/// The event record (with every contract header) and its API view.
+fn event_record<A: Aggregate>(topic: &Arc<str>, partition: u32, ids: Ids<'_>, version: u64, event: &A::Event, now: i64) -> (EventView, Append) {
+    let (event_type, json) = codec::encode_event(event);
+    let event_id = uuid::Uuid::now_v7().to_string();
+    let payload = RawValue::from_string(String::from_utf8(json.clone()).expect("serde_json writes UTF-8")).expect("serde_json writes JSON");
+    let record = Record { key: ids.aggregate.as_bytes().to_vec(), value: json, headers: Vec::with_capacity(8), timestamp_ms: now }
+        .with_header(headers::TYPE, event_type.as_bytes())
+        .with_header(headers::ID, event_id.as_bytes())
+        .with_header(headers::AGGREGATE_ID, ids.aggregate.as_bytes())
+        .with_header(headers::VERSION, version.to_string())
+        .with_header(headers::COMMAND_ID, ids.command.as_bytes())
+        .with_header(headers::CORRELATION_ID, ids.correlation.as_bytes())
+        .with_header(headers::CAUSATION_ID, ids.command.as_bytes())
+        .with_header(headers::CONTENT_TYPE, "application/json");
+    let view = EventView { version, event_type, id: event_id, command_id: ids.command.to_owned(), timestamp: rfc3339_ms(now), payload };
+    let append = Append { topic: topic.clone(), partition, record, entity: Some((ids.aggregate.as_bytes().to_vec(), version)) };
+    (view, append)
 }
 
 fn clone_err(e: &Error) -> Error {

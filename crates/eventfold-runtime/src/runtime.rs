@@ -34,6 +34,9 @@ pub struct RuntimeOptions {
     pub dedup_sweep_every: Duration,
     /// Aggregates kept in memory per partition (100,000).
     pub cache_limit: usize,
+    /// Batches per partition whose commit may be under way at once (4): processing of
+    /// the next batch overlaps with the fsync of the previous ones.
+    pub max_inflight_commits: usize,
 }
 
 impl Default for RuntimeOptions {
@@ -48,6 +51,7 @@ impl Default for RuntimeOptions {
             dedup_window: Duration::from_secs(24 * 3600),
             dedup_sweep_every: Duration::from_secs(60),
             cache_limit: 100_000,
+            max_inflight_commits: 4,
         }
     }
 }
@@ -107,6 +111,7 @@ fn start<A: Aggregate>(log: &Arc<dyn Log>, options: &RuntimeOptions, clock: &Arc
             dedup_window_ms: options.dedup_window.as_millis() as i64,
             dedup_sweep_every: options.dedup_sweep_every,
             cache_limit: options.cache_limit,
+            max_inflight: options.max_inflight_commits.max(1),
         };
         let processor = Processor::new(cfg, log.clone(), clock.clone(), shared.clone(), metrics.clone(), notify.clone());
         tokio::spawn(processor.run(rx));

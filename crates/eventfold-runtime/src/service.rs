@@ -197,6 +197,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             }
             _ => {}
         }
+        let keyed = req.idempotency_key.is_some();
         let command_id = req.idempotency_key.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let (reply, rx) = oneshot::channel();
         let job = Job {
@@ -205,6 +206,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             command_id,
             command,
             expected_version: req.expected_version,
+            keyed,
             reply,
         };
         if let Err(e) = tx.try_send(job) {

@@ -151,6 +151,27 @@ fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
     Error::Corrupt { table: table.name(), key: printable(key), reason }
 }
 
+/// A log record framed and checksummed, ready to store.
+#[derive(Debug, Clone)]
+pub struct EncodedRecord(Vec<u8>);
+
+impl EncodedRecord {
+    /// Encodes and frames `record`.
+    pub fn new(record: &Record) -> Self {
+        Self(frame(&encode_record(record)))
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it is empty (never, for a framed record).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// Changes to any tables, written atomically by [`Store::commit`]. Values are encoded
 /// and checksummed when added, so encoding runs on the caller's thread.
 #[derive(Debug, Default)]
@@ -198,7 +219,12 @@ impl Batch {
 
     /// Appends a log record at `offset`.
     pub fn put_log(&mut self, topic: &str, partition: u32, offset: u64, record: &Record) {
-        self.put(Table::Log, log_key(topic, partition, offset), frame(&encode_record(record)));
+        self.put_log_encoded(topic, partition, offset, EncodedRecord::new(record));
+    }
+
+    /// Appends a record encoded beforehand (so a single writer thread only builds keys).
+    pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
+        self.put(Table::Log, log_key(topic, partition, offset), record.0);
     }
 
     /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
@@ -236,11 +262,16 @@ impl Batch {
 
     /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
     pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        let prefix = dedup_prefix(agg_type, partition);
-        let mut k = prefix.clone();
+        let mut k = dedup_prefix(agg_type, partition);
         k.extend_from_slice(command_id.as_bytes());
         self.delete(Table::Dedup, k);
-        let mut ek = prefix;
+        self.delete_dedup_expiry(agg_type, partition, command_id, timestamp_ms);
+    }
+
+    /// Removes only the expiry entry of `command_id` at `timestamp_ms` (the command id was
+    /// recorded again later, so its newer outcome must stay).
+    pub fn delete_dedup_expiry(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
+        let mut ek = dedup_prefix(agg_type, partition);
         ek.extend_from_slice(&ts_key(timestamp_ms));
         ek.extend_from_slice(command_id.as_bytes());
         self.delete(Table::DedupExpiry, ek);

@@ -1,0 +1,210 @@
+//! The command path without HTTP: dedup while commits are in flight, versions under
+//! concurrency, dedup expiry, and the restore barrier.
+
+use async_trait::async_trait;
+use eventfold_core::testing::{Counter, CounterEvent};
+use eventfold_core::{Aggregate, Outcome, Record};
+use eventfold_log::embedded::{EmbeddedLog, Options};
+use eventfold_log::{CommitUnit, Log, Receipt};
+use eventfold_runtime::{CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions};
+use eventfold_store::{Store, StoreOptions};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+fn embedded(dir: &tempfile::TempDir, partitions: u32) -> Arc<dyn Log> {
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    Arc::new(EmbeddedLog::open(store, Options { partitions, ..Default::default() }).unwrap())
+}
+
+fn add(id: &str, n: u64, key: Option<&str>) -> CommandRequest {
+    CommandRequest {
+        aggregate_id: id.into(),
+        body: format!(r#"{{"type":"Add","n":{n}}}"#).into_bytes(),
+        idempotency_key: key.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_submitted_concurrently_executes_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(RuntimeOptions::default()).aggregate::<Counter>(()).build(embedded(&dir, 2));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    // Keep the partition busy so that copies arrive while the first is in flight.
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                svc.submit(add("busy", 0, None)).await.map(|_| None)
+            } else {
+                svc.submit(add("once", 1, Some("the-key"))).await.map(Some)
+            }
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        if let Some(o) = t.await.unwrap().unwrap() {
+            outcomes.push(o);
+        }
+    }
+    assert_eq!(outcomes.len(), 20);
+    assert!(outcomes.windows(2).all(|w| w[0] == w[1]), "every copy gets the same outcome");
+    let state = svc.state("once").await.unwrap().unwrap();
+    assert_eq!(state.version, 1, "executed exactly once");
+    let events = svc.events("once", 1, 100).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].command_id, "the-key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commands_keep_versions_contiguous_and_state_equal_to_the_fold() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(RuntimeOptions { max_batch: 7, ..Default::default() }).aggregate::<Counter>(()).build(embedded(&dir, 3));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let mut tasks = Vec::new();
+    for w in 0..32u64 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            for i in 0..30u64 {
+                let id = format!("agg-{}", (w + i) % 10);
+                let key = format!("w{w}-{i}");
+                match svc.submit(add(&id, 1 + (i % 3), Some(&key))).await.unwrap() {
+                    Outcome::Accepted(a) => accepted.push((id, key, a.version)),
+                    Outcome::Rejected { error, .. } => assert_eq!(error, "limit_exceeded"),
+                }
+            }
+            accepted
+        }));
+    }
+    let mut acked: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for t in tasks {
+        for (id, key, v) in t.await.unwrap() {
+            acked.entry(id).or_default().push((key, v));
+        }
+    }
+    for i in 0..10 {
+        let id = format!("agg-{i}");
+        let events = svc.events(&id, 1, 10_000).await.unwrap();
+        let versions: Vec<u64> = events.iter().map(|e| e.version).collect();
+        assert_eq!(versions, (1..=events.len() as u64).collect::<Vec<_>>(), "versions of {id} are 1..n");
+        let mut fold = Counter::default();
+        for e in &events {
+            fold.apply(&serde_json::from_str::<CounterEvent>(e.payload.get()).unwrap());
+        }
+        let state = svc.state(&id).await.unwrap().unwrap();
+        assert_eq!(state.version, events.len() as u64);
+        assert_eq!(serde_json::from_str::<Counter>(state.state.get()).unwrap(), fold, "state of {id} is the fold of its events");
+        let acks = acked.remove(&id).unwrap_or_default();
+        assert_eq!(acks.len(), events.len(), "one event per accepted command of {id}");
+        for (key, v) in acks {
+            assert_eq!(events[(v - 1) as usize].command_id, key, "the acknowledged version of {key} holds its event");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_records_expire_after_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at(1_000_000);
+    let options = RuntimeOptions {
+        dedup_window: Duration::from_secs(60),
+        dedup_sweep_every: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let rt = Runtime::builder(options).clock(Arc::new(clock.clone())).aggregate::<Counter>(()).build(embedded(&dir, 1));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let first = svc.submit(add("c", 1, Some("k"))).await.unwrap();
+    clock.advance(59_000);
+    assert_eq!(svc.submit(add("c", 1, Some("k"))).await.unwrap(), first, "inside the window: the original outcome");
+    assert_eq!(svc.state("c").await.unwrap().unwrap().version, 1);
+    clock.advance(2_000);
+    // Past the window the record is ignored at once and swept soon after.
+    let store = rt.log().store().clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.get_dedup("counter", 0, "k").unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "expired dedup record was not removed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let again = svc.submit(add("c", 1, Some("k"))).await.unwrap();
+    match &again {
+        Outcome::Accepted(a) => assert_eq!(a.version, 2, "an expired key is a new command"),
+        other => panic!("{other:?}"),
+    }
+    // The key's first expiry entry is swept without touching its newer record.
+    let mut b = eventfold_store::Batch::new();
+    b.put_dedup("counter", 0, "k", 1_000_000, b"{}");
+    b.delete_dedup("counter", 0, "k", 1_000_000);
+    drop(b);
+    clock.advance(1_000);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(svc.submit(add("c", 1, Some("k"))).await.unwrap(), again, "the reused key keeps its new outcome");
+}
+
+/// A log whose restore (`end_offset`) waits for a gate: to observe the barrier.
+struct GatedLog {
+    inner: Arc<dyn Log>,
+    gate: Arc<Semaphore>,
+}
+
+#[async_trait]
+impl Log for GatedLog {
+    fn backend(&self) -> &'static str {
+        "gated"
+    }
+    fn partitions(&self) -> u32 {
+        self.inner.partitions()
+    }
+    fn store(&self) -> &Store {
+        self.inner.store()
+    }
+    async fn commit(&self, unit: CommitUnit) -> eventfold_log::Result<Receipt> {
+        self.inner.commit(unit).await
+    }
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> eventfold_log::Result<Vec<(u64, Record)>> {
+        self.inner.read(topic, partition, from, max).await
+    }
+    async fn end_offset(&self, topic: &str, partition: u32) -> eventfold_log::Result<u64> {
+        let _permit = self.gate.acquire().await.unwrap();
+        self.inner.end_offset(topic, partition).await
+    }
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> eventfold_log::Result<Option<u64>> {
+        self.inner.committed_offset(group, topic, partition).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let log = Arc::new(GatedLog { inner: embedded(&dir, 1), gate: gate.clone() });
+    let options = RuntimeOptions { restore_queue_limit: 2, ..Default::default() };
+    let rt = Runtime::builder(options).aggregate::<Counter>(()).build(log);
+    let svc = rt.aggregate("counter").unwrap().clone();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!rt.is_ready());
+    assert!(rt.partitions().iter().all(|p| p.state == PartitionState::Restoring));
+
+    let waiting: Vec<_> = (0..2)
+        .map(|i| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.submit(add(&format!("r{i}"), 1, None)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match svc.submit(add("r9", 1, None)).await {
+        Err(Error::Restoring { partition: 0, .. }) => {}
+        other => panic!("a full restore queue answers Restoring, got {other:?}"),
+    }
+    assert!(waiting.iter().all(|t| !t.is_finished()), "commands wait while the partition restores");
+    gate.add_permits(1000);
+    for t in waiting {
+        assert!(matches!(t.await.unwrap().unwrap(), Outcome::Accepted(_)), "queued commands run after the barrier");
+    }
+    assert!(rt.is_ready());
+    let names: HashSet<_> = rt.aggregate_names().collect();
+    assert_eq!(names, HashSet::from(["counter"]));
+}
