@@ -27,7 +27,10 @@ pub fn type_of(json: &[u8], what: &'static str) -> Result<String> {
 }
 
 /// Decodes a command body for `aggregate_type`, returning its type name and value.
-pub fn decode_command<C: DeserializeOwned>(aggregate_type: &str, body: &[u8]) -> Result<(String, C)> {
+pub fn decode_command<C: DeserializeOwned>(
+    aggregate_type: &str,
+    body: &[u8],
+) -> Result<(String, C)> {
     let command_type = type_of(body, "command")?;
     match serde_json::from_slice::<C>(body) {
         Ok(c) => Ok((command_type, c)),
@@ -35,7 +38,10 @@ pub fn decode_command<C: DeserializeOwned>(aggregate_type: &str, body: &[u8]) ->
             aggregate_type: aggregate_type.to_owned(),
             command_type,
         }),
-        Err(e) => Err(Error::Malformed { what: "command", reason: e.to_string() }),
+        Err(e) => Err(Error::Malformed {
+            what: "command",
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -74,7 +80,10 @@ mod tests {
     #[test]
     fn tells_unknown_type_from_malformed() {
         let e = decode_command::<Cmd>("counter", br#"{"type":"Nope"}"#).unwrap_err();
-        assert!(matches!(e, Error::UnknownCommand { ref command_type, .. } if command_type == "Nope"), "{e}");
+        assert!(
+            matches!(e, Error::UnknownCommand { ref command_type, .. } if command_type == "Nope"),
+            "{e}"
+        );
         let e = decode_command::<Cmd>("counter", br#"{"type":"Add","n":"x"}"#).unwrap_err();
         assert!(matches!(e, Error::Malformed { .. }), "{e}");
         let e = decode_command::<Cmd>("counter", b"{not json").unwrap_err();

@@ -10,7 +10,10 @@ pub enum Error {
     Malformed { what: &'static str, reason: String },
     /// The `"type"` names no command of this aggregate type.
     #[error("unknown command type `{command_type}` for aggregate type `{aggregate_type}`")]
-    UnknownCommand { aggregate_type: String, command_type: String },
+    UnknownCommand {
+        aggregate_type: String,
+        command_type: String,
+    },
     /// A position token that was not produced by eventfold.
     #[error("invalid position token: {0}")]
     InvalidPosition(String),

@@ -29,7 +29,13 @@ impl<A: Aggregate> Default for AggregateTest<A> {
 impl<A: Aggregate> AggregateTest<A> {
     /// A fresh aggregate with id `test-1`, default config and timestamp 0.
     pub fn new() -> Self {
-        Self { id: "test-1".into(), state: A::default(), version: 0, config: A::Config::default(), timestamp_ms: 0 }
+        Self {
+            id: "test-1".into(),
+            state: A::default(),
+            version: 0,
+            config: A::Config::default(),
+            timestamp_ms: 0,
+        }
     }
 
     /// Uses `config` for `handle`.
@@ -55,7 +61,12 @@ impl<A: Aggregate> AggregateTest<A> {
 
     /// Runs `handle` and, on success, applies the events.
     pub fn when(self, command: A::Command) -> Then<A> {
-        let ctx = Context { aggregate_id: &self.id, version: self.version, timestamp_ms: self.timestamp_ms, config: &self.config };
+        let ctx = Context {
+            aggregate_id: &self.id,
+            version: self.version,
+            timestamp_ms: self.timestamp_ms,
+            config: &self.config,
+        };
         let result = self.state.handle(command, &ctx);
         let mut state = self.state;
         if let Ok(events) = &result {
@@ -87,7 +98,10 @@ impl<A: Aggregate> Then<A> {
                 let got: Vec<_> = events.iter().map(json).collect();
                 assert_eq!(got, expected, "events differ");
             }
-            Err(r) => panic!("expected events {expected:?}, got rejection {}: {r}", r.code()),
+            Err(r) => panic!(
+                "expected events {expected:?}, got rejection {}: {r}",
+                r.code()
+            ),
         }
         self
     }

@@ -45,7 +45,9 @@ impl Position {
     /// Decodes a token produced by [`Position::encode`].
     pub fn decode(token: &str) -> Result<Self> {
         let bad = |why: &str| Error::InvalidPosition(format!("{why} (token {token:?})"));
-        let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad("not base64url"))?;
+        let raw = URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| bad("not base64url"))?;
         let s = String::from_utf8(raw).map_err(|_| bad("not UTF-8"))?;
         let mut parts = s.split(';');
         if parts.next() != Some("v1") {
@@ -75,9 +77,16 @@ mod tests {
         p.advance("shop.order.events", 0, 7);
         p.advance("shop.order.events", 3, 10); // lower: ignored
         let t = p.encode();
-        assert!(t.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{t}");
+        assert!(
+            t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "{t}"
+        );
         assert_eq!(Position::decode(&t).unwrap(), p);
-        assert_eq!(p.marks().collect::<Vec<_>>(), vec![("shop.order.events", 0, 7), ("shop.order.events", 3, 1234)]);
+        assert_eq!(
+            p.marks().collect::<Vec<_>>(),
+            vec![("shop.order.events", 0, 7), ("shop.order.events", 3, 1234)]
+        );
     }
 
     #[test]

@@ -24,7 +24,13 @@ pub struct ApiError {
 impl ApiError {
     /// An error with `status`, `code` and `message`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None, extra: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+            extra: None,
+        }
     }
 
     /// 400 with `code`.
@@ -39,17 +45,39 @@ impl From<Error> for ApiError {
         let message = e.to_string();
         let (status, code, retry_after) = match &e {
             Error::UnknownAggregate(_) => (StatusCode::NOT_FOUND, "unknown_aggregate_type", None),
-            Error::BadCommand(Core::UnknownCommand { .. }) => (StatusCode::BAD_REQUEST, "unknown_command_type", None),
-            Error::BadCommand(Core::InvalidPosition(_)) => (StatusCode::BAD_REQUEST, "invalid_position", None),
+            Error::BadCommand(Core::UnknownCommand { .. }) => {
+                (StatusCode::BAD_REQUEST, "unknown_command_type", None)
+            }
+            Error::BadCommand(Core::InvalidPosition(_)) => {
+                (StatusCode::BAD_REQUEST, "invalid_position", None)
+            }
             Error::BadCommand(_) => (StatusCode::BAD_REQUEST, "malformed_command", None),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", None),
-            Error::VersionMismatch { .. } => (StatusCode::PRECONDITION_FAILED, "version_mismatch", None),
-            Error::Restoring { retry_after, .. } => (StatusCode::SERVICE_UNAVAILABLE, "partition_restoring", Some(*retry_after)),
-            Error::Overloaded { retry_after, .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded", Some(*retry_after)),
-            Error::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down", Some(Duration::from_secs(1))),
-            Error::PartitionFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "partition_failed", None),
+            Error::VersionMismatch { .. } => {
+                (StatusCode::PRECONDITION_FAILED, "version_mismatch", None)
+            }
+            Error::Restoring { retry_after, .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "partition_restoring",
+                Some(*retry_after),
+            ),
+            Error::Overloaded { retry_after, .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                Some(*retry_after),
+            ),
+            Error::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                Some(Duration::from_secs(1)),
+            ),
+            Error::PartitionFailed { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "partition_failed", None)
+            }
             Error::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown", None),
-            Error::Store(eventfold_store::Error::Corrupt { .. }) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", None),
+            Error::Store(eventfold_store::Error::Corrupt { .. }) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", None)
+            }
             Error::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_error", None),
             Error::Log(_) => (StatusCode::INTERNAL_SERVER_ERROR, "commit_failed", None),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal", None),
@@ -58,23 +86,34 @@ impl From<Error> for ApiError {
             tracing::warn!(code, %message, "request failed");
         }
         let extra = match &e {
-            Error::VersionMismatch { expected, actual } => Some(json!({"expected_version": expected, "actual_version": actual})),
+            Error::VersionMismatch { expected, actual } => {
+                Some(json!({"expected_version": expected, "actual_version": actual}))
+            }
             _ => None,
         };
-        Self { status, code, message, retry_after, extra }
+        Self {
+            status,
+            code,
+            message,
+            retry_after,
+            extra,
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = json!({"error": self.code, "message": self.message});
-        if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (self.extra, body.as_object_mut()) {
+        if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
+            (self.extra, body.as_object_mut())
+        {
             obj.extend(extra);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(after) = self.retry_after {
             let secs = after.as_secs().max(1);
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

@@ -6,14 +6,20 @@
 mod error;
 mod routes;
 
-pub use error::ApiError;
 pub use axum::Router;
+pub use error::ApiError;
 pub use routes::{HttpOptions, router};
 
 use std::future::Future;
 use tokio::net::TcpListener;
 
 /// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
-pub async fn serve(listener: TcpListener, router: axum::Router, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }

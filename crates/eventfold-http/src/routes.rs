@@ -33,7 +33,11 @@ pub struct HttpOptions {
 
 impl Default for HttpOptions {
     fn default() -> Self {
-        Self { max_body_bytes: 64 * 1024, max_events_page: 1000, advertised_address: String::new() }
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_events_page: 1000,
+            advertised_address: String::new(),
+        }
     }
 }
 
@@ -46,7 +50,10 @@ struct App {
 /// The API router over `runtime`.
 pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
     let limit = options.max_body_bytes;
-    let app = App { runtime, options: Arc::new(options) };
+    let app = App {
+        runtime,
+        options: Arc::new(options),
+    };
     Router::new()
         .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
         .route("/v1/aggregates/{type}/{id}", get(get_state))
@@ -62,34 +69,59 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {}", uri.path()))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {}", uri.path()),
+    )
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {}", uri.path()))
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
 }
 
 fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, ApiError> {
     app.runtime.aggregate(ty).map_err(|_| {
         let known: Vec<_> = app.runtime.aggregate_names().collect();
-        ApiError::new(StatusCode::NOT_FOUND, "unknown_aggregate_type", format!("unknown aggregate type `{ty}`; known types: {}", known.join(", ")))
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_aggregate_type",
+            format!(
+                "unknown aggregate type `{ty}`; known types: {}",
+                known.join(", ")
+            ),
+        )
     })
 }
 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, ApiError> {
     match headers.get(name) {
         None => Ok(None),
-        Some(v) => v.to_str().map(Some).map_err(|_| ApiError::bad_request("bad_request", format!("header {name} is not visible ASCII"))),
+        Some(v) => v.to_str().map(Some).map_err(|_| {
+            ApiError::bad_request("bad_request", format!("header {name} is not visible ASCII"))
+        }),
     }
 }
 
 /// Parses `If-Match: "<version>"` (the quotes are optional).
 fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    let Some(v) = header_str(headers, "if-match")? else { return Ok(None) };
+    let Some(v) = header_str(headers, "if-match")? else {
+        return Ok(None);
+    };
     let t = v.trim();
-    let t = t.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(t);
+    let t = t
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(t);
     t.parse::<u64>().map(Some).map_err(|_| {
-        ApiError::bad_request("invalid_if_match", format!("If-Match must be a version in quotes, like \"3\"; got {v:?}"))
+        ApiError::bad_request(
+            "invalid_if_match",
+            format!("If-Match must be a version in quotes, like \"3\"; got {v:?}"),
+        )
     })
 }
 
@@ -105,10 +137,16 @@ async fn post_command(
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
-                format!("request body exceeds the limit of {} bytes", app.options.max_body_bytes),
+                format!(
+                    "request body exceeds the limit of {} bytes",
+                    app.options.max_body_bytes
+                ),
             )
         } else {
-            ApiError::bad_request("malformed_command", format!("cannot read the request body: {e}"))
+            ApiError::bad_request(
+                "malformed_command",
+                format!("cannot read the request body: {e}"),
+            )
         }
     })?;
     let request = CommandRequest {
@@ -120,16 +158,26 @@ async fn post_command(
     };
     match svc.submit(request).await? {
         Outcome::Accepted(a) => Ok((StatusCode::OK, axum::Json(a)).into_response()),
-        Outcome::Rejected { error, message } => {
-            Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "message": message}))).into_response())
-        }
+        Outcome::Rejected { error, message } => Ok((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({"error": error, "message": message})),
+        )
+            .into_response()),
     }
 }
 
-async fn get_state(State(app): State<App>, Path((ty, id)): Path<(String, String)>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn get_state(
+    State(app): State<App>,
+    Path((ty, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let svc = service(&app, &ty)?;
     let Some(view) = svc.state(&id).await? else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "aggregate_not_found", format!("{ty} `{id}` has no events")));
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "aggregate_not_found",
+            format!("{ty} `{id}` has no events"),
+        ));
     };
     let etag = format!("\"{}\"", view.version);
     if header_str(&headers, "if-none-match")?.is_some_and(|v| v.trim() == etag) {
@@ -152,17 +200,25 @@ async fn get_events(
 ) -> Result<Response, ApiError> {
     let svc = service(&app, &ty)?.clone();
     let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    let limit = q.limit.unwrap_or(app.options.max_events_page).clamp(1, app.options.max_events_page);
-    let wants_sse = header_str(&headers, "accept")?.is_some_and(|a| a.contains("text/event-stream"));
+    let limit = q
+        .limit
+        .unwrap_or(app.options.max_events_page)
+        .clamp(1, app.options.max_events_page);
+    let wants_sse =
+        header_str(&headers, "accept")?.is_some_and(|a| a.contains("text/event-stream"));
     if !wants_sse {
         let events = svc.events(&id, q.from_version.unwrap_or(1), limit).await?;
         return Ok(axum::Json(events).into_response());
     }
     // A reconnecting EventSource sends the last version it saw.
-    let resume = header_str(&headers, "last-event-id")?.and_then(|v| v.parse::<u64>().ok()).map(|v| v + 1);
+    let resume = header_str(&headers, "last-event-id")?
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|v| v + 1);
     let from = resume.or(q.from_version).unwrap_or(1).max(1);
     eventfold_runtime::AggregateService::events(&*svc, &id, from, 1).await?; // validates the id early
-    Ok(Sse::new(follow(svc, id, from)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(Sse::new(follow(svc, id, from))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
 }
 
 struct Follow {
@@ -174,16 +230,29 @@ struct Follow {
 }
 
 /// A live stream of an aggregate's events: what is stored, then each new commit.
-fn follow(svc: Arc<dyn AggregateService>, id: String, from: u64) -> impl Stream<Item = Result<Event, Infallible>> {
+fn follow(
+    svc: Arc<dyn AggregateService>,
+    id: String,
+    from: u64,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let rx = svc.subscribe();
-    let state = Follow { svc, id, next: from, rx, buffer: VecDeque::new() };
+    let state = Follow {
+        svc,
+        id,
+        next: from,
+        rx,
+        buffer: VecDeque::new(),
+    };
     stream::unfold(Some(state), |state| async move {
         let mut s = state?;
         loop {
             if let Some(e) = s.buffer.pop_front() {
                 s.next = e.version + 1;
                 let data = serde_json::to_string(&e).unwrap_or_default();
-                let event = Event::default().id(e.version.to_string()).event(e.event_type.clone()).data(data);
+                let event = Event::default()
+                    .id(e.version.to_string())
+                    .event(e.event_type.clone())
+                    .data(data);
                 return Some((Ok(event), Some(s)));
             }
             match s.svc.events(&s.id, s.next, 256).await {
@@ -193,7 +262,8 @@ fn follow(svc: Arc<dyn AggregateService>, id: String, from: u64) -> impl Stream<
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    let data = json!({"error": "read_failed", "message": e.to_string()}).to_string();
+                    let data =
+                        json!({"error": "read_failed", "message": e.to_string()}).to_string();
                     return Some((Ok(Event::default().event("error").data(data)), None));
                 }
             }
@@ -230,16 +300,27 @@ async fn healthz() -> axum::Json<serde_json::Value> {
 
 async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let parts = app.runtime.partitions();
-    let not_ready: Vec<_> = parts.iter().filter(|p| p.state != PartitionState::Ready).collect();
+    let not_ready: Vec<_> = parts
+        .iter()
+        .filter(|p| p.state != PartitionState::Ready)
+        .collect();
     if not_ready.is_empty() {
-        return Ok(axum::Json(json!({"ready": true, "partitions": parts.len()})));
+        return Ok(axum::Json(
+            json!({"ready": true, "partitions": parts.len()}),
+        ));
     }
-    let restoring = not_ready.iter().filter(|p| p.state == PartitionState::Restoring).count();
+    let restoring = not_ready
+        .iter()
+        .filter(|p| p.state == PartitionState::Restoring)
+        .count();
     let failed = not_ready.len() - restoring;
     let mut err = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "not_ready",
-        format!("{restoring} partitions restoring, {failed} failed, of {}", parts.len()),
+        format!(
+            "{restoring} partitions restoring, {failed} failed, of {}",
+            parts.len()
+        ),
     );
     err.retry_after = Some(Duration::from_secs(1));
     err.extra = Some(json!({"partitions": not_ready}));
@@ -248,5 +329,12 @@ async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>,
 
 async fn metrics(State(app): State<App>) -> Response {
     let body = app.runtime.render_metrics();
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        body,
+    )
+        .into_response()
 }

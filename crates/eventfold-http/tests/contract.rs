@@ -23,14 +23,44 @@ struct Server {
 async fn start_with(options: RuntimeOptions, partitions: u32) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-    let log = EmbeddedLog::open(store, Options { partitions, ..Default::default() }).unwrap();
-    let runtime = Runtime::builder(RuntimeOptions { app_id: "test".into(), ..options }).aggregate::<Counter>(()).build(Arc::new(log));
-    assert!(runtime.wait_restored(Duration::from_secs(10)).await, "partitions restore");
+    let log = EmbeddedLog::open(
+        store,
+        Options {
+            partitions,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let runtime = Runtime::builder(RuntimeOptions {
+        app_id: "test".into(),
+        ..options
+    })
+    .aggregate::<Counter>(())
+    .build(Arc::new(log));
+    assert!(
+        runtime.wait_restored(Duration::from_secs(10)).await,
+        "partitions restore"
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let router = eventfold_http::router(runtime.clone(), HttpOptions { max_body_bytes: 1024, ..Default::default() });
-    tokio::spawn(eventfold_http::serve(listener, router, std::future::pending()));
-    Server { base, runtime, client: reqwest::Client::new(), _dir: dir }
+    let router = eventfold_http::router(
+        runtime.clone(),
+        HttpOptions {
+            max_body_bytes: 1024,
+            ..Default::default()
+        },
+    );
+    tokio::spawn(eventfold_http::serve(
+        listener,
+        router,
+        std::future::pending(),
+    ));
+    Server {
+        base,
+        runtime,
+        client: reqwest::Client::new(),
+        _dir: dir,
+    }
 }
 
 async fn start() -> Server {
@@ -38,8 +68,16 @@ async fn start() -> Server {
 }
 
 impl Server {
-    async fn post(&self, id: &str, body: &str, headers: &[(&str, &str)]) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-        let mut req = self.client.post(format!("{}/v1/aggregates/counter/{id}/commands", self.base)).body(body.to_owned());
+    async fn post(
+        &self,
+        id: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut req = self
+            .client
+            .post(format!("{}/v1/aggregates/counter/{id}/commands", self.base))
+            .body(body.to_owned());
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -49,7 +87,12 @@ impl Server {
     }
 
     async fn get(&self, path: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-        let resp = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         let (status, headers) = (resp.status(), resp.headers().clone());
         (status, headers, resp.json().await.unwrap_or(Value::Null))
     }
@@ -59,28 +102,56 @@ impl Server {
 #[track_caller]
 fn assert_error(body: &Value, code: &str) {
     assert_eq!(body["error"], code, "error code in {body}");
-    let msg = body["message"].as_str().unwrap_or_else(|| panic!("message is a string in {body}"));
+    let msg = body["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("message is a string in {body}"));
     assert!(msg.len() > 10, "message is a sentence: {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_command_answers_200_with_outcome_and_replays_it_for_the_same_key() {
     let s = start().await;
-    let (st, _, body) = s.post("c-1", r#"{"type":"Add","n":5}"#, &[("Idempotency-Key", "key-1")]).await;
+    let (st, _, body) = s
+        .post(
+            "c-1",
+            r#"{"type":"Add","n":5}"#,
+            &[("Idempotency-Key", "key-1")],
+        )
+        .await;
     assert_eq!(st, StatusCode::OK, "{body}");
     assert_eq!(body["aggregate_id"], "c-1");
     assert_eq!(body["version"], 1);
     let ev = &body["events"][0];
-    assert_eq!((ev["version"].as_u64(), ev["type"].as_str(), ev["command_id"].as_str()), (Some(1), Some("Added"), Some("key-1")));
+    assert_eq!(
+        (
+            ev["version"].as_u64(),
+            ev["type"].as_str(),
+            ev["command_id"].as_str()
+        ),
+        (Some(1), Some("Added"), Some("key-1"))
+    );
     assert_eq!(ev["payload"], json!({"type": "Added", "n": 5}));
     assert!(ev["timestamp"].as_str().unwrap().ends_with('Z'));
     let pos = eventfold_core::Position::decode(body["position"].as_str().unwrap()).unwrap();
-    assert_eq!(pos.marks().count(), 1, "position names the events partition");
+    assert_eq!(
+        pos.marks().count(),
+        1,
+        "position names the events partition"
+    );
 
     // Same key: the original outcome, nothing executed again.
-    let (st2, _, again) = s.post("c-1", r#"{"type":"Add","n":5}"#, &[("Idempotency-Key", "key-1")]).await;
+    let (st2, _, again) = s
+        .post(
+            "c-1",
+            r#"{"type":"Add","n":5}"#,
+            &[("Idempotency-Key", "key-1")],
+        )
+        .await;
     assert_eq!(st2, StatusCode::OK);
-    assert_eq!(again, body, "a replayed key returns the original outcome (I3)");
+    assert_eq!(
+        again, body,
+        "a replayed key returns the original outcome (I3)"
+    );
     let (_, _, state) = s.get("/v1/aggregates/counter/c-1").await;
     assert_eq!(state["version"], 1, "the duplicate wrote nothing");
 
@@ -103,17 +174,31 @@ async fn post_command_bad_input_gets_400_404_413_with_error_bodies() {
         assert_eq!(st, StatusCode::BAD_REQUEST, "{body} -> {b}");
         assert_error(&b, code);
     }
-    let (st, _, b) = s.post("c-1", r#"{"type":"Add","n":1}"#, &[("If-Match", "three")]).await;
+    let (st, _, b) = s
+        .post("c-1", r#"{"type":"Add","n":1}"#, &[("If-Match", "three")])
+        .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "invalid_if_match");
-    let (st, _, b) = s.post("c-1", r#"{"type":"Add","n":1}"#, &[("Idempotency-Key", "has space")]).await;
+    let (st, _, b) = s
+        .post(
+            "c-1",
+            r#"{"type":"Add","n":1}"#,
+            &[("Idempotency-Key", "has space")],
+        )
+        .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "bad_request");
     let (st, _, b) = s.post("bad%01id", r#"{"type":"Add","n":1}"#, &[]).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "bad_request");
 
-    let resp = s.client.post(format!("{}/v1/aggregates/nope/x/commands", s.base)).body("{}").send().await.unwrap();
+    let resp = s
+        .client
+        .post(format!("{}/v1/aggregates/nope/x/commands", s.base))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert_error(&resp.json().await.unwrap(), "unknown_aggregate_type");
 
@@ -121,41 +206,94 @@ async fn post_command_bad_input_gets_400_404_413_with_error_bodies() {
     let (st, _, b) = s.post("c-1", &big, &[]).await;
     assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE);
     assert_error(&b, "payload_too_large");
-    assert!(b["message"].as_str().unwrap().contains("1024"), "names the limit: {b}");
+    assert!(
+        b["message"].as_str().unwrap().contains("1024"),
+        "names the limit: {b}"
+    );
 
     // Nothing of the bad requests was written; the service still works.
-    assert_eq!(s.get("/v1/aggregates/counter/c-1").await.0, StatusCode::NOT_FOUND);
-    assert_eq!(s.post("c-1", r#"{"type":"Add","n":1}"#, &[]).await.0, StatusCode::OK);
+    assert_eq!(
+        s.get("/v1/aggregates/counter/c-1").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        s.post("c-1", r#"{"type":"Add","n":1}"#, &[]).await.0,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_match_gets_412_on_mismatch_and_rejections_get_422() {
     let s = start().await;
-    assert_eq!(s.post("c-2", r#"{"type":"Add","n":60}"#, &[]).await.0, StatusCode::OK);
-    let (st, _, b) = s.post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"5\"")]).await;
+    assert_eq!(
+        s.post("c-2", r#"{"type":"Add","n":60}"#, &[]).await.0,
+        StatusCode::OK
+    );
+    let (st, _, b) = s
+        .post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"5\"")])
+        .await;
     assert_eq!(st, StatusCode::PRECONDITION_FAILED);
     assert_error(&b, "version_mismatch");
-    assert_eq!((b["expected_version"].as_u64(), b["actual_version"].as_u64()), (Some(5), Some(1)));
-    let (st, _, b) = s.post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"1\"")]).await;
+    assert_eq!(
+        (b["expected_version"].as_u64(), b["actual_version"].as_u64()),
+        (Some(5), Some(1))
+    );
+    let (st, _, b) = s
+        .post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"1\"")])
+        .await;
     assert_eq!((st, b["version"].as_u64()), (StatusCode::OK, Some(2)));
     // If-Match "0": only while the aggregate does not exist.
-    assert_eq!(s.post("c-new", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"0\"")]).await.0, StatusCode::OK);
-    assert_eq!(s.post("c-new", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"0\"")]).await.0, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(
+        s.post("c-new", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"0\"")])
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        s.post("c-new", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"0\"")])
+            .await
+            .0,
+        StatusCode::PRECONDITION_FAILED
+    );
 
-    let (st, _, b) = s.post("c-2", r#"{"type":"Add","n":50}"#, &[("Idempotency-Key", "too-much")]).await;
+    let (st, _, b) = s
+        .post(
+            "c-2",
+            r#"{"type":"Add","n":50}"#,
+            &[("Idempotency-Key", "too-much")],
+        )
+        .await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
     assert_error(&b, "limit_exceeded");
-    assert_eq!(b.as_object().unwrap().len(), 2, "422 body is exactly {{error, message}}: {b}");
+    assert_eq!(
+        b.as_object().unwrap().len(),
+        2,
+        "422 body is exactly {{error, message}}: {b}"
+    );
     // A rejected command wrote nothing, and its replay is the same rejection.
     let (_, _, state) = s.get("/v1/aggregates/counter/c-2").await;
     assert_eq!(state["version"], 2);
-    let (st, _, again) = s.post("c-2", r#"{"type":"Add","n":1}"#, &[("Idempotency-Key", "too-much")]).await;
+    let (st, _, again) = s
+        .post(
+            "c-2",
+            r#"{"type":"Add","n":1}"#,
+            &[("Idempotency-Key", "too-much")],
+        )
+        .await;
     assert_eq!((st, again), (StatusCode::UNPROCESSABLE_ENTITY, b));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_gets_503_with_retry_after() {
-    let s = start_with(RuntimeOptions { queue_capacity: 1, max_batch: 1, ..Default::default() }, 1).await;
+    let s = start_with(
+        RuntimeOptions {
+            queue_capacity: 1,
+            max_batch: 1,
+            ..Default::default()
+        },
+        1,
+    )
+    .await;
     let mut tasks = Vec::new();
     for i in 0..8 {
         let (client, base) = (s.client.clone(), s.base.clone());
@@ -166,7 +304,10 @@ async fn overload_gets_503_with_retry_after() {
                 .send()
                 .await
                 .unwrap();
-            let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
             (r.status(), retry, r.json::<Value>().await.unwrap())
         }));
     }
@@ -181,20 +322,50 @@ async fn overload_gets_503_with_retry_after() {
             assert_eq!(st, StatusCode::OK, "{body}");
         }
     }
-    assert!(overloaded >= 4, "a queue of 1 behind a slow command must refuse most of 8 ({overloaded} refused)");
+    assert!(
+        overloaded >= 4,
+        "a queue of 1 behind a slow command must refuse most of 8 ({overloaded} refused)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_outcome_gets_504_and_a_retry_with_the_same_key_is_safe() {
-    let s = start_with(RuntimeOptions { command_timeout: Duration::from_millis(100), ..Default::default() }, 1).await;
-    let (st, _, b) = s.post("c-3", r#"{"type":"Slow","ms":400}"#, &[("Idempotency-Key", "slow-1")]).await;
+    let s = start_with(
+        RuntimeOptions {
+            command_timeout: Duration::from_millis(100),
+            ..Default::default()
+        },
+        1,
+    )
+    .await;
+    let (st, _, b) = s
+        .post(
+            "c-3",
+            r#"{"type":"Slow","ms":400}"#,
+            &[("Idempotency-Key", "slow-1")],
+        )
+        .await;
     assert_eq!(st, StatusCode::GATEWAY_TIMEOUT);
     assert_error(&b, "outcome_unknown");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (st, _, b) = s.post("c-3", r#"{"type":"Slow","ms":400}"#, &[("Idempotency-Key", "slow-1")]).await;
-    assert_eq!(st, StatusCode::OK, "the retry gets the stored outcome at once: {b}");
+    let (st, _, b) = s
+        .post(
+            "c-3",
+            r#"{"type":"Slow","ms":400}"#,
+            &[("Idempotency-Key", "slow-1")],
+        )
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::OK,
+        "the retry gets the stored outcome at once: {b}"
+    );
     let m = s.runtime.aggregate("counter").unwrap().metrics();
-    assert_eq!(m.counted(eventfold_runtime::metrics::CommandOutcome::Duplicate), 1, "executed once");
+    assert_eq!(
+        m.counted(eventfold_runtime::metrics::CommandOutcome::Duplicate),
+        1,
+        "executed once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +383,13 @@ async fn get_state_has_etag_and_404s() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(h["etag"], "\"2\"");
     assert_eq!(b, json!({"id": "c-4", "version": 2, "state": {"total": 5}}));
-    let r = s.client.get(format!("{}/v1/aggregates/counter/c-4", s.base)).header("If-None-Match", "\"2\"").send().await.unwrap();
+    let r = s
+        .client
+        .get(format!("{}/v1/aggregates/counter/c-4", s.base))
+        .header("If-None-Match", "\"2\"")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
 }
 
@@ -220,22 +397,48 @@ async fn get_state_has_etag_and_404s() {
 async fn get_events_reads_from_version_and_400s_on_bad_query() {
     let s = start().await;
     for n in 1..=5 {
-        s.post("c-5", &format!(r#"{{"type":"Add","n":{n}}}"#), &[]).await;
+        s.post("c-5", &format!(r#"{{"type":"Add","n":{n}}}"#), &[])
+            .await;
     }
     let (st, _, b) = s.get("/v1/aggregates/counter/c-5/events").await;
     assert_eq!(st, StatusCode::OK);
-    let versions: Vec<u64> = b.as_array().unwrap().iter().map(|e| e["version"].as_u64().unwrap()).collect();
+    let versions: Vec<u64> = b
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["version"].as_u64().unwrap())
+        .collect();
     assert_eq!(versions, vec![1, 2, 3, 4, 5]);
-    for key in ["version", "type", "id", "command_id", "timestamp", "payload"] {
+    for key in [
+        "version",
+        "type",
+        "id",
+        "command_id",
+        "timestamp",
+        "payload",
+    ] {
         assert!(b[0].get(key).is_some(), "event has {key}: {}", b[0]);
     }
-    let (_, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=4").await;
-    assert_eq!(b.as_array().unwrap().iter().map(|e| e["payload"]["n"].as_u64().unwrap()).collect::<Vec<_>>(), vec![4, 5]);
-    let (_, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=2&limit=2").await;
+    let (_, _, b) = s
+        .get("/v1/aggregates/counter/c-5/events?from_version=4")
+        .await;
+    assert_eq!(
+        b.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["payload"]["n"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+    let (_, _, b) = s
+        .get("/v1/aggregates/counter/c-5/events?from_version=2&limit=2")
+        .await;
     assert_eq!(b.as_array().unwrap().len(), 2);
     let (_, _, b) = s.get("/v1/aggregates/counter/never/events").await;
     assert_eq!(b, json!([]));
-    let (st, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=abc").await;
+    let (st, _, b) = s
+        .get("/v1/aggregates/counter/c-5/events?from_version=abc")
+        .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "invalid_query");
 }
@@ -246,13 +449,21 @@ async fn events_follow_live_over_sse() {
     s.post("c-6", r#"{"type":"Add","n":1}"#, &[]).await;
     let resp = s
         .client
-        .get(format!("{}/v1/aggregates/counter/c-6/events?from_version=1", s.base))
+        .get(format!(
+            "{}/v1/aggregates/counter/c-6/events?from_version=1",
+            s.base
+        ))
         .header("Accept", "text/event-stream")
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     let mut stream = resp.bytes_stream();
     let mut text = String::new();
     let mut next_version = 1;
@@ -263,15 +474,29 @@ async fn events_follow_live_over_sse() {
             s.post("c-6", r#"{"type":"Add","n":2}"#, &[]).await;
             s.post("c-6", r#"{"type":"Add","n":3}"#, &[]).await;
         }
-        let chunk = tokio::time::timeout_at(deadline, stream.next()).await.expect("SSE events in time").unwrap().unwrap();
+        let chunk = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .expect("SSE events in time")
+            .unwrap()
+            .unwrap();
         text.push_str(std::str::from_utf8(&chunk).unwrap());
         while text.contains(&format!("id: {next_version}\n")) {
             next_version += 1;
         }
     }
     assert!(text.contains("event: Added"), "{text}");
-    let data: Vec<Value> = text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
-    assert_eq!(data.iter().map(|e| e["version"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2, 3], "{text}");
+    let data: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(
+        data.iter()
+            .map(|e| e["version"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,12 +509,35 @@ async fn health_ready_metrics_cluster_and_unknown_routes() {
     assert_eq!(b["ready"], true);
     s.post("m-1", r#"{"type":"Add","n":1}"#, &[]).await;
     s.post("m-1", r#"{"type":"Add","n":500}"#, &[]).await;
-    let text = s.client.get(format!("{}/metrics", s.base)).send().await.unwrap().text().await.unwrap();
-    assert!(text.contains("eventfold_commands_total{aggregate=\"counter\",outcome=\"accepted\"} 1"), "{text}");
-    assert!(text.contains("eventfold_commands_total{aggregate=\"counter\",outcome=\"rejected\"} 1"), "{text}");
-    assert!(text.contains("eventfold_commit_latency_seconds_count{aggregate=\"counter\"} 2"), "{text}");
-    assert!(text.contains("eventfold_commit_batch_commands_bucket{aggregate=\"counter\",le=\"1\"} 2"), "{text}");
-    assert!(text.contains("eventfold_restore_progress{aggregate=\"counter\",partition=\"3\"} 1"), "{text}");
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("eventfold_commands_total{aggregate=\"counter\",outcome=\"accepted\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("eventfold_commands_total{aggregate=\"counter\",outcome=\"rejected\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("eventfold_commit_latency_seconds_count{aggregate=\"counter\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("eventfold_commit_batch_commands_bucket{aggregate=\"counter\",le=\"1\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("eventfold_restore_progress{aggregate=\"counter\",partition=\"3\"} 1"),
+        "{text}"
+    );
     let (st, _, b) = s.get("/v1/cluster").await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(b["backend"], "embedded");
@@ -297,7 +545,12 @@ async fn health_ready_metrics_cluster_and_unknown_routes() {
     let (st, _, b) = s.get("/v1/nothing").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     assert_error(&b, "not_found");
-    let r = s.client.delete(format!("{}/v1/aggregates/counter/m-1", s.base)).send().await.unwrap();
+    let r = s
+        .client
+        .delete(format!("{}/v1/aggregates/counter/m-1", s.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_error(&r.json().await.unwrap(), "method_not_allowed");
 }
@@ -308,11 +561,24 @@ async fn corrupt_state_stops_its_partition_only() {
     let parts = 4;
     let part = |id: &str| eventfold_core::partition::partition_for(id.as_bytes(), parts);
     let bad = "victim";
-    let same = (0..).map(|i| format!("same-{i}")).find(|id| part(id) == part(bad)).unwrap();
-    let other = (0..).map(|i| format!("other-{i}")).find(|id| part(id) != part(bad)).unwrap();
-    assert_eq!(s.post(&other, r#"{"type":"Add","n":1}"#, &[]).await.0, StatusCode::OK);
+    let same = (0..)
+        .map(|i| format!("same-{i}"))
+        .find(|id| part(id) == part(bad))
+        .unwrap();
+    let other = (0..)
+        .map(|i| format!("other-{i}"))
+        .find(|id| part(id) != part(bad))
+        .unwrap();
+    assert_eq!(
+        s.post(&other, r#"{"type":"Add","n":1}"#, &[]).await.0,
+        StatusCode::OK
+    );
     // Flip the stored state of `victim` on disk, as a bad sector would.
-    s.runtime.log().store().overwrite_state_raw("counter", bad, b"\x00\x01garbage").unwrap();
+    s.runtime
+        .log()
+        .store()
+        .overwrite_state_raw("counter", bad, b"\x00\x01garbage")
+        .unwrap();
 
     let (st, _, b) = s.get(&format!("/v1/aggregates/counter/{bad}")).await;
     assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
@@ -321,7 +587,10 @@ async fn corrupt_state_stops_its_partition_only() {
     assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
     assert_error(&b, "partition_failed");
     let msg = b["message"].as_str().unwrap();
-    assert!(msg.contains("state") && msg.contains(bad) && msg.contains("checksum"), "names what is corrupt: {msg}");
+    assert!(
+        msg.contains("state") && msg.contains(bad) && msg.contains("checksum"),
+        "names what is corrupt: {msg}"
+    );
     // The partition stays stopped for every aggregate on it ...
     let (st, _, b) = s.post(&same, r#"{"type":"Add","n":1}"#, &[]).await;
     assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);

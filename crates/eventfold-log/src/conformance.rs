@@ -24,13 +24,23 @@ pub trait Factory: Send + Sync {
 }
 
 fn rec(key: &str, value: &str, ts: i64) -> Record {
-    Record { key: key.into(), value: value.into(), headers: vec![], timestamp_ms: ts }
-        .with_header("ef-type", "Test")
-        .with_header("ef-aggregate-id", key)
+    Record {
+        key: key.into(),
+        value: value.into(),
+        headers: vec![],
+        timestamp_ms: ts,
+    }
+    .with_header("ef-type", "Test")
+    .with_header("ef-aggregate-id", key)
 }
 
 fn append(topic: &Arc<str>, partition: u32, r: Record) -> Append {
-    Append { topic: topic.clone(), partition, record: r, entity: None }
+    Append {
+        topic: topic.clone(),
+        partition,
+        record: r,
+        entity: None,
+    }
 }
 
 /// Runs every check; panics with the name of the first that fails.
@@ -55,8 +65,15 @@ pub async fn empty_partition_reads_nothing(factory: &dyn Factory, prefix: &str) 
     let log = factory.open().await;
     let t = topic(prefix, "empty");
     for p in 0..log.partitions() {
-        assert_eq!(log.end_offset(&t, p).await.unwrap(), 0, "end offset of an empty partition");
-        assert!(log.read(&t, p, 0, 10).await.unwrap().is_empty(), "read of an empty partition");
+        assert_eq!(
+            log.end_offset(&t, p).await.unwrap(),
+            0,
+            "end offset of an empty partition"
+        );
+        assert!(
+            log.read(&t, p, 0, 10).await.unwrap().is_empty(),
+            "read of an empty partition"
+        );
     }
 }
 
@@ -66,14 +83,32 @@ pub async fn appends_get_contiguous_offsets_per_partition(factory: &dyn Factory,
     let t = topic(prefix, "contig");
     let p1 = log.partitions().min(2) - 1;
     let unit = CommitUnit {
-        appends: vec![append(&t, 0, rec("a", "1", 1)), append(&t, 0, rec("a", "2", 1)), append(&t, p1, rec("b", "3", 1))],
+        appends: vec![
+            append(&t, 0, rec("a", "1", 1)),
+            append(&t, 0, rec("a", "2", 1)),
+            append(&t, p1, rec("b", "3", 1)),
+        ],
         ..Default::default()
     };
     let r = log.commit(unit).await.unwrap();
-    let want = if p1 == 0 { vec![0, 1, 2] } else { vec![0, 1, 0] };
+    let want = if p1 == 0 {
+        vec![0, 1, 2]
+    } else {
+        vec![0, 1, 0]
+    };
     assert_eq!(r.offsets, want, "offsets of the first unit");
-    let r = log.commit(CommitUnit { appends: vec![append(&t, 0, rec("a", "4", 1))], ..Default::default() }).await.unwrap();
-    assert_eq!(r.offsets, vec![if p1 == 0 { 3 } else { 2 }], "offset after the first unit");
+    let r = log
+        .commit(CommitUnit {
+            appends: vec![append(&t, 0, rec("a", "4", 1))],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        r.offsets,
+        vec![if p1 == 0 { 3 } else { 2 }],
+        "offset after the first unit"
+    );
     assert_eq!(log.end_offset(&t, 0).await.unwrap(), r.offsets[0] + 1);
 }
 
@@ -82,7 +117,12 @@ pub async fn records_round_trip_with_headers_and_timestamps(factory: &dyn Factor
     let log = factory.open().await;
     let t = topic(prefix, "roundtrip");
     let r = rec("agg-1", r#"{"type":"X","n":1}"#, 1_700_000_000_123).with_header("ef-version", "1");
-    log.commit(CommitUnit { appends: vec![append(&t, 0, r.clone())], ..Default::default() }).await.unwrap();
+    log.commit(CommitUnit {
+        appends: vec![append(&t, 0, r.clone())],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let got = log.read(&t, 0, 0, 10).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0, 0);
@@ -98,14 +138,27 @@ pub async fn records_round_trip_with_headers_and_timestamps(factory: &dyn Factor
 pub async fn read_respects_from_and_max(factory: &dyn Factory, prefix: &str) {
     let log = factory.open().await;
     let t = topic(prefix, "window");
-    let appends = (0..10).map(|i| append(&t, 0, rec("k", &i.to_string(), 1))).collect();
-    log.commit(CommitUnit { appends, ..Default::default() }).await.unwrap();
+    let appends = (0..10)
+        .map(|i| append(&t, 0, rec("k", &i.to_string(), 1)))
+        .collect();
+    log.commit(CommitUnit {
+        appends,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let got = log.read(&t, 0, 3, 4).await.unwrap();
     let offs: Vec<u64> = got.iter().map(|(o, _)| *o).collect();
     assert_eq!(offs, vec![3, 4, 5, 6]);
     assert_eq!(got[0].1.value, b"3");
-    assert!(log.read(&t, 0, 10, 4).await.unwrap().is_empty(), "read at the end");
-    assert!(log.read(&t, 0, 99, 4).await.unwrap().is_empty(), "read past the end");
+    assert!(
+        log.read(&t, 0, 10, 4).await.unwrap().is_empty(),
+        "read at the end"
+    );
+    assert!(
+        log.read(&t, 0, 99, 4).await.unwrap().is_empty(),
+        "read past the end"
+    );
 }
 
 /// Consumed offsets commit with the unit.
@@ -117,11 +170,19 @@ pub async fn consumed_offsets_are_committed_with_the_unit(factory: &dyn Factory,
     assert_eq!(log.committed_offset(&group, &input, 0).await.unwrap(), None);
     let unit = CommitUnit {
         appends: vec![append(&out, 0, rec("k", "v", 1))],
-        consumed: vec![Consumed { group: group.clone(), topic: input.clone(), partition: 0, next_offset: 17 }],
+        consumed: vec![Consumed {
+            group: group.clone(),
+            topic: input.clone(),
+            partition: 0,
+            next_offset: 17,
+        }],
         ..Default::default()
     };
     log.commit(unit).await.unwrap();
-    assert_eq!(log.committed_offset(&group, &input, 0).await.unwrap(), Some(17));
+    assert_eq!(
+        log.committed_offset(&group, &input, 0).await.unwrap(),
+        Some(17)
+    );
 }
 
 /// `CommitUnit::local` is in the store once the commit returns.
@@ -133,9 +194,22 @@ pub async fn local_changes_are_committed_with_the_unit(factory: &dyn Factory, pr
     local.put_state(&ty, "a-1", 1, br#"{"n":1}"#);
     let mut a = append(&t, 0, rec("a-1", "e1", 1));
     a.entity = Some((b"a-1".to_vec(), 1));
-    log.commit(CommitUnit { appends: vec![a], local, ..Default::default() }).await.unwrap();
-    let row = log.store().get_state(&ty, "a-1").unwrap().expect("state row committed with the unit");
-    assert_eq!((row.version, row.json.as_slice()), (1, br#"{"n":1}"#.as_slice()));
+    log.commit(CommitUnit {
+        appends: vec![a],
+        local,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let row = log
+        .store()
+        .get_state(&ty, "a-1")
+        .unwrap()
+        .expect("state row committed with the unit");
+    assert_eq!(
+        (row.version, row.json.as_slice()),
+        (1, br#"{"n":1}"#.as_slice())
+    );
     let ev = log.store().entity_events(&t, b"a-1", 1, 10).unwrap();
     assert_eq!(ev.len(), 1, "entity index committed with the unit");
     assert_eq!(ev[0].record.value, b"e1");
@@ -155,7 +229,10 @@ pub async fn concurrent_commits_lose_and_duplicate_nothing(factory: &dyn Factory
             let mut mine = Vec::new();
             for i in 0..25u32 {
                 let p = (w + i) % parts;
-                let unit = CommitUnit { appends: vec![append(&t, p, rec(&format!("w{w}"), &format!("{w}:{i}"), 1))], ..Default::default() };
+                let unit = CommitUnit {
+                    appends: vec![append(&t, p, rec(&format!("w{w}"), &format!("{w}:{i}"), 1))],
+                    ..Default::default()
+                };
                 let r = log.commit(unit).await.unwrap();
                 mine.push((p, r.offsets[0], format!("{w}:{i}")));
             }
@@ -165,7 +242,10 @@ pub async fn concurrent_commits_lose_and_duplicate_nothing(factory: &dyn Factory
     let mut written: HashMap<(u32, u64), String> = HashMap::new();
     for task in tasks {
         for (p, o, v) in task.await.unwrap() {
-            assert!(written.insert((p, o), v).is_none(), "offset {p}/{o} handed out twice");
+            assert!(
+                written.insert((p, o), v).is_none(),
+                "offset {p}/{o} handed out twice"
+            );
         }
     }
     let mut total = 0;
@@ -173,7 +253,11 @@ pub async fn concurrent_commits_lose_and_duplicate_nothing(factory: &dyn Factory
         let recs = log.read(&t, p, 0, 10_000).await.unwrap();
         for (i, (o, r)) in recs.iter().enumerate() {
             assert_eq!(*o, i as u64, "offsets of partition {p} are contiguous");
-            assert_eq!(written.get(&(p, *o)).map(String::as_bytes), Some(r.value.as_slice()), "record at {p}/{o}");
+            assert_eq!(
+                written.get(&(p, *o)).map(String::as_bytes),
+                Some(r.value.as_slice()),
+                "record at {p}/{o}"
+            );
         }
         total += recs.len();
     }
@@ -190,17 +274,34 @@ pub async fn everything_survives_reopen(factory: &dyn Factory, prefix: &str) {
         local.put_meta(&format!("{prefix}-ckpt"), 9);
         let unit = CommitUnit {
             appends: vec![append(&t, 0, rec("k", "persisted", 1))],
-            consumed: vec![Consumed { group: group.clone(), topic: t.clone(), partition: 0, next_offset: 1 }],
+            consumed: vec![Consumed {
+                group: group.clone(),
+                topic: t.clone(),
+                partition: 0,
+                next_offset: 1,
+            }],
             local,
         };
         log.commit(unit).await.unwrap();
     }
     let log = factory.open().await;
     assert_eq!(log.end_offset(&t, 0).await.unwrap(), 1);
-    assert_eq!(log.read(&t, 0, 0, 10).await.unwrap()[0].1.value, b"persisted");
+    assert_eq!(
+        log.read(&t, 0, 0, 10).await.unwrap()[0].1.value,
+        b"persisted"
+    );
     assert_eq!(log.committed_offset(&group, &t, 0).await.unwrap(), Some(1));
-    assert_eq!(log.store().get_meta(&format!("{prefix}-ckpt")).unwrap(), Some(9));
-    let r = log.commit(CommitUnit { appends: vec![append(&t, 0, rec("k", "next", 1))], ..Default::default() }).await.unwrap();
+    assert_eq!(
+        log.store().get_meta(&format!("{prefix}-ckpt")).unwrap(),
+        Some(9)
+    );
+    let r = log
+        .commit(CommitUnit {
+            appends: vec![append(&t, 0, rec("k", "next", 1))],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(r.offsets, vec![1], "offsets continue after reopen");
 }
 
@@ -209,9 +310,22 @@ pub async fn partitions_out_of_range_are_errors(factory: &dyn Factory, prefix: &
     let log = factory.open().await;
     let t = topic(prefix, "range");
     let n = log.partitions();
-    assert!(log.read(&t, n, 0, 1).await.is_err(), "read of partition {n}");
-    assert!(log.end_offset(&t, n).await.is_err(), "end offset of partition {n}");
-    let bad = CommitUnit { appends: vec![append(&t, n, rec("k", "v", 1))], ..Default::default() };
+    assert!(
+        log.read(&t, n, 0, 1).await.is_err(),
+        "read of partition {n}"
+    );
+    assert!(
+        log.end_offset(&t, n).await.is_err(),
+        "end offset of partition {n}"
+    );
+    let bad = CommitUnit {
+        appends: vec![append(&t, n, rec("k", "v", 1))],
+        ..Default::default()
+    };
     assert!(log.commit(bad).await.is_err(), "append to partition {n}");
-    assert_eq!(log.end_offset(&t, 0).await.unwrap(), 0, "a failed unit writes nothing");
+    assert_eq!(
+        log.end_offset(&t, 0).await.unwrap(),
+        0,
+        "a failed unit writes nothing"
+    );
 }

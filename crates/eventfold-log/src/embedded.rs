@@ -29,7 +29,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { partitions: 8, fsync: true, max_unit_bytes: 16 << 20, max_group_bytes: 32 << 20 }
+        Self {
+            partitions: 8,
+            fsync: true,
+            max_unit_bytes: 16 << 20,
+            max_group_bytes: 32 << 20,
+        }
     }
 }
 
@@ -49,17 +54,40 @@ const PARTITIONS_KEY: &str = "log/partitions";
 /// A commit unit with its records already encoded and checksummed by the caller, so the
 /// single committer thread only assigns offsets, builds keys and writes.
 struct Staged {
-    appends: Vec<(Arc<str>, u32, EncodedRecord, Option<(Vec<u8>, u64)>)>,
+    appends: Vec<StagedAppend>,
     consumed: Vec<crate::Consumed>,
     local: Batch,
     bytes: usize,
 }
 
+/// An append whose record is already encoded.
+struct StagedAppend {
+    tp: TopicPartition,
+    record: EncodedRecord,
+    entity: Option<(Vec<u8>, u64)>,
+}
+
+/// A topic and one of its partitions.
+type TopicPartition = (Arc<str>, u32);
+
 impl Staged {
     fn new(unit: CommitUnit) -> Self {
-        let appends: Vec<_> = unit.appends.into_iter().map(|a| (a.topic, a.partition, EncodedRecord::new(&a.record), a.entity)).collect();
-        let bytes = unit.local.bytes() + appends.iter().map(|a| a.2.len()).sum::<usize>();
-        Self { appends, consumed: unit.consumed, local: unit.local, bytes }
+        let appends: Vec<_> = unit
+            .appends
+            .into_iter()
+            .map(|a| StagedAppend {
+                tp: (a.topic, a.partition),
+                record: EncodedRecord::new(&a.record),
+                entity: a.entity,
+            })
+            .collect();
+        let bytes = unit.local.bytes() + appends.iter().map(|a| a.record.len()).sum::<usize>();
+        Self {
+            appends,
+            consumed: unit.consumed,
+            local: unit.local,
+            bytes,
+        }
     }
 }
 
@@ -107,7 +135,12 @@ impl EmbeddedLog {
             .name("eventfold-commit".into())
             .spawn(move || committer.run(rx))
             .map_err(|e| Error::Closed(format!("cannot start the committer thread: {e}")))?;
-        Ok(Self { store, options, tx, stats })
+        Ok(Self {
+            store,
+            options,
+            tx,
+            stats,
+        })
     }
 
     /// Committer counters.
@@ -117,7 +150,11 @@ impl EmbeddedLog {
 
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
         if partition >= self.options.partitions {
-            return Err(Error::NoSuchPartition { topic: topic.to_owned(), partition, partitions: self.options.partitions });
+            return Err(Error::NoSuchPartition {
+                topic: topic.to_owned(),
+                partition,
+                partitions: self.options.partitions,
+            });
         }
         Ok(())
     }
@@ -130,10 +167,10 @@ impl EmbeddedLog {
 struct Committer {
     store: Store,
     options: Options,
-    ends: HashMap<(Arc<str>, u32), u64>,
+    ends: HashMap<TopicPartition, u64>,
     stats: Arc<Stats>,
     poisoned: Option<String>,
-    fenced: HashMap<(Arc<str>, u32), String>,
+    fenced: HashMap<TopicPartition, String>,
 }
 
 impl Committer {
@@ -166,12 +203,14 @@ impl Committer {
     fn commit_group(&mut self, jobs: Vec<Job>) {
         if let Some(why) = &self.poisoned {
             for (_, reply) in jobs {
-                let _ = reply.send(Err(Error::Closed(format!("an earlier group commit failed ({why}); restart to recover"))));
+                let _ = reply.send(Err(Error::Closed(format!(
+                    "an earlier group commit failed ({why}); restart to recover"
+                ))));
             }
             return;
         }
         let mut batch = Batch::new();
-        let mut next: HashMap<(Arc<str>, u32), u64> = HashMap::new();
+        let mut next: HashMap<TopicPartition, u64> = HashMap::new();
         let mut receipts = Vec::with_capacity(jobs.len());
         let mut replies = Vec::with_capacity(jobs.len());
         let (mut units, mut records) = (0u64, 0u64);
@@ -217,33 +256,56 @@ impl Committer {
 
     /// Adds one unit to the group batch; a unit that cannot be staged fails alone and
     /// fences the topic-partitions it writes.
-    #[allow(clippy::type_complexity)]
     fn stage(
         &mut self,
         unit: Staged,
         batch: &mut Batch,
-        next: &mut HashMap<(Arc<str>, u32), u64>,
-    ) -> std::result::Result<Receipt, (Error, Vec<(Arc<str>, u32)>)> {
-        let tps: Vec<(Arc<str>, u32)> = unit.appends.iter().map(|a| (a.0.clone(), a.1)).collect();
+        next: &mut HashMap<TopicPartition, u64>,
+    ) -> std::result::Result<Receipt, (Error, Vec<TopicPartition>)> {
+        let tps: Vec<TopicPartition> = unit.appends.iter().map(|a| a.tp.clone()).collect();
         if let Some(why) = tps.iter().find_map(|tp| self.fenced.get(tp)) {
-            return Err((Error::Closed(format!("an earlier unit for this partition failed ({why})")), tps));
+            return Err((
+                Error::Closed(format!("an earlier unit for this partition failed ({why})")),
+                tps,
+            ));
         }
         self.stage_unit(unit, batch, next).map_err(|e| (e, tps))
     }
 
-    fn stage_unit(&mut self, unit: Staged, batch: &mut Batch, next: &mut HashMap<(Arc<str>, u32), u64>) -> Result<Receipt> {
+    fn stage_unit(
+        &mut self,
+        unit: Staged,
+        batch: &mut Batch,
+        next: &mut HashMap<TopicPartition, u64>,
+    ) -> Result<Receipt> {
         if unit.bytes > self.options.max_unit_bytes {
-            return Err(Error::TooLarge { bytes: unit.bytes, limit: self.options.max_unit_bytes });
+            return Err(Error::TooLarge {
+                bytes: unit.bytes,
+                limit: self.options.max_unit_bytes,
+            });
         }
-        for (topic, partition, _, _) in &unit.appends {
+        for StagedAppend {
+            tp: (topic, partition),
+            ..
+        } in &unit.appends
+        {
             if *partition >= self.options.partitions {
-                return Err(Error::NoSuchPartition { topic: topic.to_string(), partition: *partition, partitions: self.options.partitions });
+                return Err(Error::NoSuchPartition {
+                    topic: topic.to_string(),
+                    partition: *partition,
+                    partitions: self.options.partitions,
+                });
             }
             Store::check_key("topic", topic)?;
         }
-        let mut local_next: HashMap<(Arc<str>, u32), u64> = HashMap::new();
+        let mut local_next: HashMap<TopicPartition, u64> = HashMap::new();
         let mut offsets = Vec::with_capacity(unit.appends.len());
-        for (topic, partition, record, entity) in unit.appends {
+        for StagedAppend {
+            tp: (topic, partition),
+            record,
+            entity,
+        } in unit.appends
+        {
             let k = (topic.clone(), partition);
             let off = match local_next.get(&k).or_else(|| next.get(&k)) {
                 Some(o) => *o,
@@ -281,11 +343,21 @@ impl Log for EmbeddedLog {
 
     async fn commit(&self, unit: CommitUnit) -> Result<Receipt> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((Staged::new(unit), tx)).await.map_err(|_| Error::Closed("committer thread stopped".into()))?;
-        rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
+        self.tx
+            .send((Staged::new(unit), tx))
+            .await
+            .map_err(|_| Error::Closed("committer thread stopped".into()))?;
+        rx.await
+            .map_err(|_| Error::Closed("committer thread stopped".into()))?
     }
 
-    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+    async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Record)>> {
         self.check_partition(topic, partition)?;
         Ok(self.store.read_log(topic, partition, from, max)?)
     }
@@ -295,7 +367,12 @@ impl Log for EmbeddedLog {
         Ok(self.store.log_end(topic, partition)?)
     }
 
-    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+    async fn committed_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Option<u64>> {
         self.check_partition(topic, partition)?;
         Ok(self.store.get_meta(&offset_key(group, topic, partition))?)
     }

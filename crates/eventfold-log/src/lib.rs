@@ -31,8 +31,14 @@ pub enum Error {
     #[error("commit unit of {bytes} bytes exceeds the limit of {limit} bytes")]
     TooLarge { bytes: usize, limit: usize },
     /// A partition outside `0..partitions`.
-    #[error("partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)")]
-    NoSuchPartition { topic: String, partition: u32, partitions: u32 },
+    #[error(
+        "partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)"
+    )]
+    NoSuchPartition {
+        topic: String,
+        partition: u32,
+        partitions: u32,
+    },
     /// The configuration does not fit the stored data.
     #[error("configuration error: {0}")]
     Config(String),
@@ -101,11 +107,22 @@ pub trait Log: Send + Sync + 'static {
     /// Commits a unit atomically and durably; returns once it is durable.
     async fn commit(&self, unit: CommitUnit) -> Result<Receipt>;
     /// Reads up to `max` committed records from `from` on.
-    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>>;
+    async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Record)>>;
     /// The offset after the last committed record.
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64>;
     /// The committed consume offset of `group` for `topic`/`partition`.
-    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
+    async fn committed_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Option<u64>>;
 }
 
 /// The name of the meta entry holding a consumer group's offset.

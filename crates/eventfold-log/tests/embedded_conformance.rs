@@ -1,9 +1,9 @@
 //! The Log conformance suite against the embedded backend.
 
 use async_trait::async_trait;
+use eventfold_log::Log;
 use eventfold_log::conformance::{Factory, run_all};
 use eventfold_log::embedded::{EmbeddedLog, Options};
-use eventfold_log::Log;
 use eventfold_store::{Store, StoreOptions};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,16 @@ impl Factory for Embedded {
             return log.clone();
         }
         let store = Store::open(&self.dir, &StoreOptions::default()).unwrap();
-        let log: Arc<dyn Log> = Arc::new(EmbeddedLog::open(store, Options { partitions: 4, ..Options::default() }).unwrap());
+        let log: Arc<dyn Log> = Arc::new(
+            EmbeddedLog::open(
+                store,
+                Options {
+                    partitions: 4,
+                    ..Options::default()
+                },
+            )
+            .unwrap(),
+        );
         *cur = Some(log.clone());
         log
     }
@@ -32,7 +41,10 @@ impl Factory for Embedded {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_log_passes_the_conformance_suite() {
     let dir = tempfile::tempdir().unwrap();
-    let f = Embedded { dir: dir.path().to_owned(), current: Mutex::new(None) };
+    let f = Embedded {
+        dir: dir.path().to_owned(),
+        current: Mutex::new(None),
+    };
     run_all(&f, "conf").await;
 }
 
@@ -41,13 +53,25 @@ async fn embedded_log_survives_a_real_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let open = || {
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-        EmbeddedLog::open(store, Options { partitions: 2, ..Options::default() }).unwrap()
+        EmbeddedLog::open(
+            store,
+            Options {
+                partitions: 2,
+                ..Options::default()
+            },
+        )
+        .unwrap()
     };
     let t: Arc<str> = Arc::from("re.events");
     {
         let log = open();
         let unit = eventfold_log::CommitUnit {
-            appends: vec![eventfold_log::Append { topic: t.clone(), partition: 1, record: Default::default(), entity: None }],
+            appends: vec![eventfold_log::Append {
+                topic: t.clone(),
+                partition: 1,
+                record: Default::default(),
+                entity: None,
+            }],
             ..Default::default()
         };
         log.commit(unit).await.unwrap();

@@ -19,14 +19,32 @@ pub enum Error {
     #[error("version mismatch: expected version {expected}, but aggregate is at version {actual}")]
     VersionMismatch { expected: u64, actual: u64 },
     /// The partition is restoring and its wait queue is full (503).
-    #[error("partition {partition} of `{aggregate}` is restoring ({progress_pct:.0}% done); retry shortly")]
-    Restoring { aggregate: String, partition: u32, progress_pct: f64, retry_after: Duration },
+    #[error(
+        "partition {partition} of `{aggregate}` is restoring ({progress_pct:.0}% done); retry shortly"
+    )]
+    Restoring {
+        aggregate: String,
+        partition: u32,
+        progress_pct: f64,
+        retry_after: Duration,
+    },
     /// The partition's queue is full (503).
-    #[error("partition {partition} of `{aggregate}` is overloaded ({queued} commands queued); retry shortly")]
-    Overloaded { aggregate: String, partition: u32, queued: usize, retry_after: Duration },
+    #[error(
+        "partition {partition} of `{aggregate}` is overloaded ({queued} commands queued); retry shortly"
+    )]
+    Overloaded {
+        aggregate: String,
+        partition: u32,
+        queued: usize,
+        retry_after: Duration,
+    },
     /// The partition stopped after a fatal error, e.g. a corrupt stored record (500).
     #[error("partition {partition} of `{aggregate}` has stopped: {reason}")]
-    PartitionFailed { aggregate: String, partition: u32, reason: String },
+    PartitionFailed {
+        aggregate: String,
+        partition: u32,
+        reason: String,
+    },
     /// No outcome in time; retrying with the same idempotency key is safe (504).
     #[error("no outcome within {0:?}; retry with the same Idempotency-Key to get the outcome")]
     Timeout(Duration),

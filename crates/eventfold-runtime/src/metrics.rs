@@ -20,7 +20,13 @@ pub enum CommandOutcome {
 }
 
 impl CommandOutcome {
-    const ALL: [CommandOutcome; 5] = [Self::Accepted, Self::Rejected, Self::Duplicate, Self::Conflict, Self::Error];
+    const ALL: [CommandOutcome; 5] = [
+        Self::Accepted,
+        Self::Rejected,
+        Self::Duplicate,
+        Self::Conflict,
+        Self::Error,
+    ];
     fn label(self) -> &'static str {
         match self {
             Self::Accepted => "accepted",
@@ -42,21 +48,35 @@ pub struct Histogram {
 }
 
 /// Commit latency buckets, seconds.
-pub const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
 /// Batch size buckets, commands.
-pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+pub const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 
 impl Histogram {
     /// A histogram with upper bounds `bounds` (ascending) plus +Inf.
     pub fn new(bounds: &'static [f64]) -> Self {
-        Self { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_micros: AtomicU64::new(0), count: AtomicU64::new(0) }
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
     }
 
     /// Records one observation.
     pub fn observe(&self, v: f64) {
-        let i = self.bounds.iter().position(|b| v <= *b).unwrap_or(self.bounds.len());
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(self.bounds.len());
         self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add((v * 1e6) as u64, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((v * 1e6) as u64, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -73,7 +93,11 @@ impl Histogram {
         }
         cum += self.counts[self.bounds.len()].load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cum}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6);
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count());
     }
 }
@@ -102,13 +126,19 @@ impl AggregateMetrics {
 
     /// Counts `n` commands with `outcome`.
     pub fn count(&self, outcome: CommandOutcome, n: u64) {
-        let i = CommandOutcome::ALL.iter().position(|o| *o == outcome).expect("listed");
+        let i = CommandOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .expect("listed");
         self.outcomes[i].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Commands counted with `outcome`.
     pub fn counted(&self, outcome: CommandOutcome) -> u64 {
-        let i = CommandOutcome::ALL.iter().position(|o| *o == outcome).expect("listed");
+        let i = CommandOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .expect("listed");
         self.outcomes[i].load(Ordering::Relaxed)
     }
 
@@ -128,7 +158,9 @@ impl AggregateMetrics {
     /// Appends the histogram series.
     pub fn render_histograms(&self, latency: &mut String, batch: &mut String) {
         let labels = format!("aggregate=\"{}\"", self.name);
-        self.commit_latency.render(latency, "eventfold_commit_latency_seconds", &labels);
-        self.batch_size.render(batch, "eventfold_commit_batch_commands", &labels);
+        self.commit_latency
+            .render(latency, "eventfold_commit_latency_seconds", &labels);
+        self.batch_size
+            .render(batch, "eventfold_commit_batch_commands", &labels);
     }
 }

@@ -7,7 +7,9 @@ use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::service::{PartitionState, Topics};
 use eventfold_core::envelope::{Accepted, headers};
-use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
+use eventfold_core::{
+    Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms,
+};
 use eventfold_log::{Append, CommitUnit, Log, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
@@ -59,10 +61,17 @@ impl PartitionShared {
         f64::from(self.progress_permille.load(Ordering::Relaxed)) / 1000.0
     }
     fn set_progress(&self, fraction: f64) {
-        self.progress_permille.store((fraction.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
+        self.progress_permille.store(
+            (fraction.clamp(0.0, 1.0) * 1000.0) as u32,
+            Ordering::Relaxed,
+        );
     }
     pub fn failure(&self) -> String {
-        self.failure.lock().expect("not poisoned").clone().unwrap_or_default()
+        self.failure
+            .lock()
+            .expect("not poisoned")
+            .clone()
+            .unwrap_or_default()
     }
 }
 
@@ -89,7 +98,10 @@ enum Pending {
     /// Known without this batch's commit (dedup hit, conflict, ...).
     Ready(Result<Outcome>, CommandOutcome),
     /// Written in this batch; the position is filled in from the receipt.
-    Written { outcome: Outcome, appends: std::ops::Range<usize> },
+    Written {
+        outcome: Outcome,
+        appends: std::ops::Range<usize>,
+    },
 }
 
 struct Slot {
@@ -171,7 +183,11 @@ impl<A: Aggregate> Processor<A> {
     }
 
     fn failed_error(&self) -> Error {
-        Error::PartitionFailed { aggregate: A::TYPE.into(), partition: self.cfg.partition, reason: self.shared.failure() }
+        Error::PartitionFailed {
+            aggregate: A::TYPE.into(),
+            partition: self.cfg.partition,
+            reason: self.shared.failure(),
+        }
     }
 
     /// Runs until the queue closes: restore, then batches, with up to `max_inflight`
@@ -231,7 +247,9 @@ impl<A: Aggregate> Processor<A> {
         self.events_end = self.log.end_offset(&self.cfg.topics.events, p).await?;
         // Verify the newest event is readable: a torn or corrupt tail stops here, loudly.
         if self.events_end > 0 {
-            self.log.read(&self.cfg.topics.events, p, self.events_end - 1, 1).await?;
+            self.log
+                .read(&self.cfg.topics.events, p, self.events_end - 1, 1)
+                .await?;
         }
         self.shared.set_progress(0.5);
         self.sweep_dedup().await?;
@@ -251,20 +269,39 @@ impl<A: Aggregate> Processor<A> {
     async fn sweep_dedup(&mut self) -> Result<()> {
         let before = self.clock.now_ms() - self.cfg.dedup_window_ms;
         loop {
-            let expired = self.log.store().expired_dedup(A::TYPE, self.cfg.partition, before, 10_000)?;
+            let expired =
+                self.log
+                    .store()
+                    .expired_dedup(A::TYPE, self.cfg.partition, before, 10_000)?;
             if expired.is_empty() {
                 return Ok(());
             }
             let mut local = Batch::new();
             for (ts, id) in &expired {
                 // An id reused after it expired has a newer record: keep that one.
-                match self.log.store().get_dedup(A::TYPE, self.cfg.partition, id)? {
-                    Some(row) if row.timestamp_ms != *ts => local.delete_dedup_expiry(A::TYPE, self.cfg.partition, id, *ts),
+                match self
+                    .log
+                    .store()
+                    .get_dedup(A::TYPE, self.cfg.partition, id)?
+                {
+                    Some(row) if row.timestamp_ms != *ts => {
+                        local.delete_dedup_expiry(A::TYPE, self.cfg.partition, id, *ts)
+                    }
                     _ => local.delete_dedup(A::TYPE, self.cfg.partition, id, *ts),
                 }
             }
-            self.log.commit(CommitUnit { local, ..Default::default() }).await?;
-            tracing::debug!(aggregate = A::TYPE, partition = self.cfg.partition, removed = expired.len(), "expired dedup records removed");
+            self.log
+                .commit(CommitUnit {
+                    local,
+                    ..Default::default()
+                })
+                .await?;
+            tracing::debug!(
+                aggregate = A::TYPE,
+                partition = self.cfg.partition,
+                removed = expired.len(),
+                "expired dedup records removed"
+            );
         }
     }
 
@@ -274,7 +311,12 @@ impl<A: Aggregate> Processor<A> {
         let off = if version == 0 {
             self.events_end
         } else {
-            match self.log.store().entity_events(topic, id.as_bytes(), version, 1)?.first() {
+            match self
+                .log
+                .store()
+                .entity_events(topic, id.as_bytes(), version, 1)?
+                .first()
+            {
                 Some(e) => e.offset + 1,
                 None => self.events_end,
             }
@@ -283,8 +325,17 @@ impl<A: Aggregate> Processor<A> {
     }
 
     /// A stored outcome for `command_id`, if one is within the dedup window.
-    fn stored_outcome(&self, command_id: &str, now: i64) -> std::result::Result<Option<Outcome>, String> {
-        let Some(row) = self.log.store().get_dedup(A::TYPE, self.cfg.partition, command_id).map_err(|e| e.to_string())? else {
+    fn stored_outcome(
+        &self,
+        command_id: &str,
+        now: i64,
+    ) -> std::result::Result<Option<Outcome>, String> {
+        let Some(row) = self
+            .log
+            .store()
+            .get_dedup(A::TYPE, self.cfg.partition, command_id)
+            .map_err(|e| e.to_string())?
+        else {
             return Ok(None);
         };
         if row.timestamp_ms < now - self.cfg.dedup_window_ms {
@@ -294,7 +345,9 @@ impl<A: Aggregate> Processor<A> {
             format!("corrupt record in table `dedup` for command {command_id:?}: outcome does not decode: {e}")
         })?;
         if let Outcome::Accepted(a) = &mut outcome {
-            a.position = self.position_of(&a.aggregate_id, a.version).map_err(|e| e.to_string())?;
+            a.position = self
+                .position_of(&a.aggregate_id, a.version)
+                .map_err(|e| e.to_string())?;
         }
         Ok(Some(outcome))
     }
@@ -328,7 +381,10 @@ impl<A: Aggregate> Processor<A> {
             if job.keyed {
                 match self.stored_outcome(&job.command_id, now) {
                     Ok(Some(outcome)) => {
-                        slots.push(Slot { pending: Pending::Ready(Ok(outcome), CommandOutcome::Duplicate), replies: vec![job.reply] });
+                        slots.push(Slot {
+                            pending: Pending::Ready(Ok(outcome), CommandOutcome::Duplicate),
+                            replies: vec![job.reply],
+                        });
                         continue;
                     }
                     Ok(None) => {}
@@ -348,11 +404,22 @@ impl<A: Aggregate> Processor<A> {
             if let Some(expected) = job.expected_version
                 && expected != entry.version
             {
-                let err = Error::VersionMismatch { expected, actual: entry.version };
-                slots.push(Slot { pending: Pending::Ready(Err(err), CommandOutcome::Conflict), replies: vec![job.reply] });
+                let err = Error::VersionMismatch {
+                    expected,
+                    actual: entry.version,
+                };
+                slots.push(Slot {
+                    pending: Pending::Ready(Err(err), CommandOutcome::Conflict),
+                    replies: vec![job.reply],
+                });
                 continue;
             }
-            let ctx = Context { aggregate_id: &job.aggregate_id, version: entry.version, timestamp_ms: now, config: &self.cfg.config };
+            let ctx = Context {
+                aggregate_id: &job.aggregate_id,
+                version: entry.version,
+                timestamp_ms: now,
+                config: &self.cfg.config,
+            };
             let outcome = match entry.state.handle(job.command, &ctx) {
                 Ok(events) => {
                     let start = unit.appends.len();
@@ -360,31 +427,65 @@ impl<A: Aggregate> Processor<A> {
                     for event in &events {
                         entry.state.apply(event);
                         entry.version += 1;
-                        let (view, append) = event_record::<A>(&topics.events, p, Ids { aggregate: &job.aggregate_id, command: &job.command_id, correlation: &job.correlation_id }, entry.version, event, now);
+                        let (view, append) = event_record::<A>(
+                            &topics.events,
+                            p,
+                            Ids {
+                                aggregate: &job.aggregate_id,
+                                command: &job.command_id,
+                                correlation: &job.correlation_id,
+                            },
+                            entry.version,
+                            event,
+                            now,
+                        );
                         views.push(view);
                         unit.appends.push(append);
                     }
-                    let accepted = Accepted { aggregate_id: job.aggregate_id.clone(), version: entry.version, events: views, position: String::new() };
-                    Pending::Written { outcome: Outcome::Accepted(accepted), appends: start..unit.appends.len() }
+                    let accepted = Accepted {
+                        aggregate_id: job.aggregate_id.clone(),
+                        version: entry.version,
+                        events: views,
+                        position: String::new(),
+                    };
+                    Pending::Written {
+                        outcome: Outcome::Accepted(accepted),
+                        appends: start..unit.appends.len(),
+                    }
                 }
                 Err(rejection) => Pending::Written {
-                    outcome: Outcome::Rejected { error: rejection.code().to_owned(), message: rejection.to_string() },
+                    outcome: Outcome::Rejected {
+                        error: rejection.code().to_owned(),
+                        message: rejection.to_string(),
+                    },
                     appends: 0..0,
                 },
             };
             if job.keyed
                 && let Pending::Written { outcome, .. } = &outcome
             {
-                unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &codec::to_json(outcome));
+                unit.local
+                    .put_dedup(A::TYPE, p, &job.command_id, now, &codec::to_json(outcome));
             }
             by_command.insert(job.command_id, slots.len());
-            slots.push(Slot { pending: outcome, replies: vec![job.reply] });
+            slots.push(Slot {
+                pending: outcome,
+                replies: vec![job.reply],
+            });
         }
 
         if let Some((reason, reply)) = fatal {
             // Nothing of this batch is committed: every caller of it learns why.
-            let err = Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason: reason.clone() };
-            let replies = slots.into_iter().flat_map(|s| s.replies).chain(std::iter::once(reply)).chain(jobs.map(|j| j.reply));
+            let err = Error::PartitionFailed {
+                aggregate: A::TYPE.into(),
+                partition: p,
+                reason: reason.clone(),
+            };
+            let replies = slots
+                .into_iter()
+                .flat_map(|s| s.replies)
+                .chain(std::iter::once(reply))
+                .chain(jobs.map(|j| j.reply));
             let mut n = 0;
             for r in replies {
                 let _ = r.send(Err(clone_err(&err)));
@@ -394,10 +495,14 @@ impl<A: Aggregate> Processor<A> {
             return Err(reason);
         }
 
-        let written = slots.iter().filter(|s| matches!(s.pending, Pending::Written { .. })).count();
+        let written = slots
+            .iter()
+            .filter(|s| matches!(s.pending, Pending::Written { .. }))
+            .count();
         let mut touched = Vec::with_capacity(working.len());
         for (id, c) in &working {
-            unit.local.put_state(A::TYPE, id, c.version, &codec::to_json(&c.state));
+            unit.local
+                .put_state(A::TYPE, id, c.version, &codec::to_json(&c.state));
             touched.push((Arc::from(id.as_str()), c.version));
         }
         if self.cache.len() + working.len() > self.cfg.cache_limit {
@@ -405,15 +510,25 @@ impl<A: Aggregate> Processor<A> {
         }
         self.cache.extend(working);
         let seq = self.inflight_base + self.inflight.len() as u64;
-        let commands: Vec<String> = by_command.into_iter().map(|(id, slot)| {
-            self.inflight_ids.insert(id.clone(), (seq, slot));
-            id
-        }).collect();
+        let commands: Vec<String> = by_command
+            .into_iter()
+            .map(|(id, slot)| {
+                self.inflight_ids.insert(id.clone(), (seq, slot));
+                id
+            })
+            .collect();
         let commit = (written > 0).then(|| {
             let log = self.log.clone();
             tokio::spawn(async move { log.commit(unit).await })
         });
-        self.inflight.push_back(InFlight { commit, slots, commands, touched, written, started: Instant::now() });
+        self.inflight.push_back(InFlight {
+            commit,
+            slots,
+            commands,
+            touched,
+            written,
+            started: Instant::now(),
+        });
         Ok(())
     }
 
@@ -429,7 +544,11 @@ impl<A: Aggregate> Processor<A> {
                 self.cache.clear();
                 let reason = format!("commit failed: {e}");
                 self.fail(reason.clone());
-                let err = Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason };
+                let err = Error::PartitionFailed {
+                    aggregate: A::TYPE.into(),
+                    partition: p,
+                    reason,
+                };
                 for slot in done.slots {
                     let outcome = match slot.pending {
                         Pending::Ready(_, o) => o,
@@ -444,7 +563,9 @@ impl<A: Aggregate> Processor<A> {
             }
         };
         if let Some(r) = &receipt {
-            self.metrics.commit_latency.observe(done.started.elapsed().as_secs_f64());
+            self.metrics
+                .commit_latency
+                .observe(done.started.elapsed().as_secs_f64());
             self.metrics.batch_size.observe(done.written as f64);
             if let Some(last) = r.offsets.last() {
                 self.events_end = *last + 1;
@@ -456,7 +577,10 @@ impl<A: Aggregate> Processor<A> {
         for slot in done.slots {
             let (result, counted) = match slot.pending {
                 Pending::Ready(r, o) => (r, o),
-                Pending::Written { mut outcome, appends } => {
+                Pending::Written {
+                    mut outcome,
+                    appends,
+                } => {
                     let counted = match &mut outcome {
                         Outcome::Accepted(a) => {
                             let end = match (&receipt, appends.is_empty()) {
@@ -482,18 +606,31 @@ impl<A: Aggregate> Processor<A> {
     }
 
     /// The working copy of `id`: from this batch, the cache or the store.
-    fn load<'w>(&self, working: &'w mut HashMap<String, Cached<A>>, id: &str) -> std::result::Result<&'w mut Cached<A>, String> {
+    fn load<'w>(
+        &self,
+        working: &'w mut HashMap<String, Cached<A>>,
+        id: &str,
+    ) -> std::result::Result<&'w mut Cached<A>, String> {
         if !working.contains_key(id) {
             let c = match self.cache.get(id) {
-                Some(c) => Cached { version: c.version, state: c.state.clone() },
+                Some(c) => Cached {
+                    version: c.version,
+                    state: c.state.clone(),
+                },
                 None => match self.log.store().get_state(A::TYPE, id) {
                     Ok(Some(row)) => {
                         let state = serde_json::from_slice::<A>(&row.json).map_err(|e| {
                             format!("corrupt record in table `state` at key {}/{id}: state does not decode: {e}", A::TYPE)
                         })?;
-                        Cached { version: row.version, state }
+                        Cached {
+                            version: row.version,
+                            state,
+                        }
                     }
-                    Ok(None) => Cached { version: 0, state: A::default() },
+                    Ok(None) => Cached {
+                        version: 0,
+                        state: A::default(),
+                    },
                     Err(e) => return Err(e.to_string()),
                 },
             };
@@ -511,30 +648,65 @@ struct Ids<'a> {
 }
 
 /// The event record (with every contract header) and its API view.
-fn event_record<A: Aggregate>(topic: &Arc<str>, partition: u32, ids: Ids<'_>, version: u64, event: &A::Event, now: i64) -> (EventView, Append) {
+fn event_record<A: Aggregate>(
+    topic: &Arc<str>,
+    partition: u32,
+    ids: Ids<'_>,
+    version: u64,
+    event: &A::Event,
+    now: i64,
+) -> (EventView, Append) {
     let (event_type, json) = codec::encode_event(event);
     let event_id = uuid::Uuid::now_v7().to_string();
-    let payload = RawValue::from_string(String::from_utf8(json.clone()).expect("serde_json writes UTF-8")).expect("serde_json writes JSON");
-    let record = Record { key: ids.aggregate.as_bytes().to_vec(), value: json, headers: Vec::with_capacity(8), timestamp_ms: now }
-        .with_header(headers::TYPE, event_type.as_bytes())
-        .with_header(headers::ID, event_id.as_bytes())
-        .with_header(headers::AGGREGATE_ID, ids.aggregate.as_bytes())
-        .with_header(headers::VERSION, version.to_string())
-        .with_header(headers::COMMAND_ID, ids.command.as_bytes())
-        .with_header(headers::CORRELATION_ID, ids.correlation.as_bytes())
-        .with_header(headers::CAUSATION_ID, ids.command.as_bytes())
-        .with_header(headers::CONTENT_TYPE, "application/json");
-    let view = EventView { version, event_type, id: event_id, command_id: ids.command.to_owned(), timestamp: rfc3339_ms(now), payload };
-    let append = Append { topic: topic.clone(), partition, record, entity: Some((ids.aggregate.as_bytes().to_vec(), version)) };
+    let payload =
+        RawValue::from_string(String::from_utf8(json.clone()).expect("serde_json writes UTF-8"))
+            .expect("serde_json writes JSON");
+    let record = Record {
+        key: ids.aggregate.as_bytes().to_vec(),
+        value: json,
+        headers: Vec::with_capacity(8),
+        timestamp_ms: now,
+    }
+    .with_header(headers::TYPE, event_type.as_bytes())
+    .with_header(headers::ID, event_id.as_bytes())
+    .with_header(headers::AGGREGATE_ID, ids.aggregate.as_bytes())
+    .with_header(headers::VERSION, version.to_string())
+    .with_header(headers::COMMAND_ID, ids.command.as_bytes())
+    .with_header(headers::CORRELATION_ID, ids.correlation.as_bytes())
+    .with_header(headers::CAUSATION_ID, ids.command.as_bytes())
+    .with_header(headers::CONTENT_TYPE, "application/json");
+    let view = EventView {
+        version,
+        event_type,
+        id: event_id,
+        command_id: ids.command.to_owned(),
+        timestamp: rfc3339_ms(now),
+        payload,
+    };
+    let append = Append {
+        topic: topic.clone(),
+        partition,
+        record,
+        entity: Some((ids.aggregate.as_bytes().to_vec(), version)),
+    };
     (view, append)
 }
 
 fn clone_err(e: &Error) -> Error {
     match e {
-        Error::PartitionFailed { aggregate, partition, reason } => {
-            Error::PartitionFailed { aggregate: aggregate.clone(), partition: *partition, reason: reason.clone() }
-        }
-        Error::VersionMismatch { expected, actual } => Error::VersionMismatch { expected: *expected, actual: *actual },
+        Error::PartitionFailed {
+            aggregate,
+            partition,
+            reason,
+        } => Error::PartitionFailed {
+            aggregate: aggregate.clone(),
+            partition: *partition,
+            reason: reason.clone(),
+        },
+        Error::VersionMismatch { expected, actual } => Error::VersionMismatch {
+            expected: *expected,
+            actual: *actual,
+        },
         other => Error::Log(eventfold_log::Error::Closed(other.to_string())),
     }
 }

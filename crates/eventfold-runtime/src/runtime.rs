@@ -56,7 +56,9 @@ impl Default for RuntimeOptions {
     }
 }
 
-type Starter = Box<dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>) -> Arc<dyn AggregateService> + Send>;
+type Starter = Box<
+    dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>) -> Arc<dyn AggregateService> + Send,
+>;
 
 /// Registers aggregate types, then starts their processors.
 pub struct RuntimeBuilder {
@@ -79,8 +81,10 @@ impl RuntimeBuilder {
             "aggregate type `{}` registered twice",
             A::TYPE
         );
-        eventfold_store::Store::check_key("aggregate type", A::TYPE).expect("aggregate type names must be valid keys");
-        let starter: Starter = Box::new(move |log, options, clock| start::<A>(log, options, clock, config));
+        eventfold_store::Store::check_key("aggregate type", A::TYPE)
+            .expect("aggregate type names must be valid keys");
+        let starter: Starter =
+            Box::new(move |log, options, clock| start::<A>(log, options, clock, config));
         self.starters.push((A::TYPE, starter));
         self
     }
@@ -91,11 +95,22 @@ impl RuntimeBuilder {
         for (name, starter) in self.starters {
             services.insert(name.to_owned(), starter(&log, &self.options, &self.clock));
         }
-        Runtime { inner: Arc::new(Inner { services, log, options: self.options }) }
+        Runtime {
+            inner: Arc::new(Inner {
+                services,
+                log,
+                options: self.options,
+            }),
+        }
     }
 }
 
-fn start<A: Aggregate>(log: &Arc<dyn Log>, options: &RuntimeOptions, clock: &Arc<dyn Clock>, config: A::Config) -> Arc<dyn AggregateService> {
+fn start<A: Aggregate>(
+    log: &Arc<dyn Log>,
+    options: &RuntimeOptions,
+    clock: &Arc<dyn Clock>,
+    config: A::Config,
+) -> Arc<dyn AggregateService> {
     let topics = Topics::new(&options.app_id, A::TYPE);
     let metrics = Arc::new(AggregateMetrics::new(A::TYPE));
     let (notify, _) = broadcast::channel(4096);
@@ -113,11 +128,25 @@ fn start<A: Aggregate>(log: &Arc<dyn Log>, options: &RuntimeOptions, clock: &Arc
             cache_limit: options.cache_limit,
             max_inflight: options.max_inflight_commits.max(1),
         };
-        let processor = Processor::new(cfg, log.clone(), clock.clone(), shared.clone(), metrics.clone(), notify.clone());
+        let processor = Processor::new(
+            cfg,
+            log.clone(),
+            clock.clone(),
+            shared.clone(),
+            metrics.clone(),
+            notify.clone(),
+        );
         tokio::spawn(processor.run(rx));
         partitions.push((shared, tx));
     }
-    Arc::new(TypedService::<A> { topics, log: log.clone(), options: options.clone(), partitions, metrics, notify })
+    Arc::new(TypedService::<A> {
+        topics,
+        log: log.clone(),
+        options: options.clone(),
+        partitions,
+        metrics,
+        notify,
+    })
 }
 
 struct Inner {
@@ -134,19 +163,31 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("aggregates", &self.inner.services.keys().collect::<Vec<_>>()).finish()
+        f.debug_struct("Runtime")
+            .field(
+                "aggregates",
+                &self.inner.services.keys().collect::<Vec<_>>(),
+            )
+            .finish()
     }
 }
 
 impl Runtime {
     /// A builder with `options`.
     pub fn builder(options: RuntimeOptions) -> RuntimeBuilder {
-        RuntimeBuilder { options, clock: Arc::new(SystemClock), starters: Vec::new() }
+        RuntimeBuilder {
+            options,
+            clock: Arc::new(SystemClock),
+            starters: Vec::new(),
+        }
     }
 
     /// The service of aggregate type `name`.
     pub fn aggregate(&self, name: &str) -> Result<&Arc<dyn AggregateService>> {
-        self.inner.services.get(name).ok_or_else(|| Error::UnknownAggregate(name.to_owned()))
+        self.inner
+            .services
+            .get(name)
+            .ok_or_else(|| Error::UnknownAggregate(name.to_owned()))
     }
 
     /// Names of the registered aggregate types.
@@ -166,19 +207,29 @@ impl Runtime {
 
     /// Every partition of every aggregate type.
     pub fn partitions(&self) -> Vec<PartitionReport> {
-        self.inner.services.values().flat_map(|s| s.partitions()).collect()
+        self.inner
+            .services
+            .values()
+            .flat_map(|s| s.partitions())
+            .collect()
     }
 
     /// Whether every partition has restored (and none failed).
     pub fn is_ready(&self) -> bool {
-        self.partitions().iter().all(|p| p.state == PartitionState::Ready)
+        self.partitions()
+            .iter()
+            .all(|p| p.state == PartitionState::Ready)
     }
 
     /// Waits until every partition is out of `Restoring` (or `timeout` passes).
     pub async fn wait_restored(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if self.partitions().iter().all(|p| p.state != PartitionState::Restoring) {
+            if self
+                .partitions()
+                .iter()
+                .all(|p| p.state != PartitionState::Restoring)
+            {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -206,7 +257,11 @@ impl Runtime {
         let parts = self.partitions();
         out.push_str("# HELP eventfold_restore_progress Restore progress of a partition (0 to 1).\n# TYPE eventfold_restore_progress gauge\n");
         for p in &parts {
-            let _ = writeln!(out, "eventfold_restore_progress{{aggregate=\"{}\",partition=\"{}\"}} {}", p.aggregate, p.partition, p.restore_progress);
+            let _ = writeln!(
+                out,
+                "eventfold_restore_progress{{aggregate=\"{}\",partition=\"{}\"}} {}",
+                p.aggregate, p.partition, p.restore_progress
+            );
         }
         out.push_str("# HELP eventfold_partition_up Whether a partition takes commands (1), restores (0) or failed (-1).\n# TYPE eventfold_partition_up gauge\n");
         for p in &parts {
@@ -215,11 +270,19 @@ impl Runtime {
                 PartitionState::Restoring => 0,
                 PartitionState::Failed => -1,
             };
-            let _ = writeln!(out, "eventfold_partition_up{{aggregate=\"{}\",partition=\"{}\"}} {v}", p.aggregate, p.partition);
+            let _ = writeln!(
+                out,
+                "eventfold_partition_up{{aggregate=\"{}\",partition=\"{}\"}} {v}",
+                p.aggregate, p.partition
+            );
         }
         out.push_str("# HELP eventfold_partition_queued_commands Commands waiting in a partition's queue.\n# TYPE eventfold_partition_queued_commands gauge\n");
         for p in &parts {
-            let _ = writeln!(out, "eventfold_partition_queued_commands{{aggregate=\"{}\",partition=\"{}\"}} {}", p.aggregate, p.partition, p.queued);
+            let _ = writeln!(
+                out,
+                "eventfold_partition_queued_commands{{aggregate=\"{}\",partition=\"{}\"}} {}",
+                p.aggregate, p.partition, p.queued
+            );
         }
         out
     }

@@ -6,7 +6,9 @@ use crate::processor::{Job, PartitionShared};
 use crate::runtime::RuntimeOptions;
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;
-use eventfold_core::{Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms};
+use eventfold_core::{
+    Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms,
+};
 use eventfold_log::Log;
 use eventfold_store::EntityEvent;
 use serde::Serialize;
@@ -87,7 +89,12 @@ impl Topics {
     /// The topics of `aggregate` in app `app`.
     pub fn new(app: &str, aggregate: &str) -> Self {
         let t = |s: &str| Arc::from(format!("{app}.{aggregate}.{s}"));
-        Self { commands: t("commands"), events: t("events"), state: t("state"), results: t("results") }
+        Self {
+            commands: t("commands"),
+            events: t("events"),
+            state: t("state"),
+            results: t("results"),
+        }
     }
 }
 
@@ -125,7 +132,8 @@ pub fn check_id(id: &str) -> Result<()> {
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > 256 || !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(Error::BadRequest(
-            "invalid Idempotency-Key: expected 1 to 256 printable ASCII characters without spaces".into(),
+            "invalid Idempotency-Key: expected 1 to 256 printable ASCII characters without spaces"
+                .into(),
         ));
     }
     Ok(())
@@ -148,9 +156,15 @@ pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
         .ok_or_else(|| corrupt("event value is not JSON"))?;
     Ok(EventView {
         version: e.version,
-        event_type: r.header_str(headers::TYPE).ok_or_else(|| corrupt("missing ef-type header"))?.to_owned(),
+        event_type: r
+            .header_str(headers::TYPE)
+            .ok_or_else(|| corrupt("missing ef-type header"))?
+            .to_owned(),
         id: r.header_str(headers::ID).unwrap_or_default().to_owned(),
-        command_id: r.header_str(headers::COMMAND_ID).unwrap_or_default().to_owned(),
+        command_id: r
+            .header_str(headers::COMMAND_ID)
+            .unwrap_or_default()
+            .to_owned(),
         timestamp: rfc3339_ms(r.timestamp_ms),
         payload,
     })
@@ -184,7 +198,11 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
         match shared.state() {
             PartitionState::Failed => {
                 self.metrics.count(CommandOutcome::Error, 1);
-                return Err(Error::PartitionFailed { aggregate: A::TYPE.into(), partition: p, reason: shared.failure() });
+                return Err(Error::PartitionFailed {
+                    aggregate: A::TYPE.into(),
+                    partition: p,
+                    reason: shared.failure(),
+                });
             }
             PartitionState::Restoring if queued >= self.options.restore_queue_limit => {
                 self.metrics.count(CommandOutcome::Error, 1);
@@ -198,7 +216,9 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             _ => {}
         }
         let keyed = req.idempotency_key.is_some();
-        let command_id = req.idempotency_key.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let command_id = req
+            .idempotency_key
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let (reply, rx) = oneshot::channel();
         let job = Job {
             aggregate_id: req.aggregate_id,
@@ -230,7 +250,9 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
 
     async fn state(&self, id: &str) -> Result<Option<StateView>> {
         check_id(id)?;
-        let Some(row) = self.log.store().get_state(A::TYPE, id)? else { return Ok(None) };
+        let Some(row) = self.log.store().get_state(A::TYPE, id)? else {
+            return Ok(None);
+        };
         let state = String::from_utf8(row.json)
             .ok()
             .and_then(|s| RawValue::from_string(s).ok())
@@ -241,13 +263,24 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
                     reason: "state is not JSON".into(),
                 })
             })?;
-        Ok(Some(StateView { id: id.to_owned(), version: row.version, state }))
+        Ok(Some(StateView {
+            id: id.to_owned(),
+            version: row.version,
+            state,
+        }))
     }
 
     async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>> {
         check_id(id)?;
-        let rows = self.log.store().entity_events(&self.topics.events, id.as_bytes(), from_version.max(1), max)?;
-        rows.iter().map(|e| event_view(&self.topics.events, e)).collect()
+        let rows = self.log.store().entity_events(
+            &self.topics.events,
+            id.as_bytes(),
+            from_version.max(1),
+            max,
+        )?;
+        rows.iter()
+            .map(|e| event_view(&self.topics.events, e))
+            .collect()
     }
 
     fn subscribe(&self) -> broadcast::Receiver<(Arc<str>, u64)> {

@@ -6,7 +6,9 @@ use eventfold_core::testing::{Counter, CounterEvent};
 use eventfold_core::{Aggregate, Outcome, Record};
 use eventfold_log::embedded::{EmbeddedLog, Options};
 use eventfold_log::{CommitUnit, Log, Receipt};
-use eventfold_runtime::{CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions};
+use eventfold_runtime::{
+    CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions,
+};
 use eventfold_store::{Store, StoreOptions};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -15,7 +17,16 @@ use tokio::sync::Semaphore;
 
 fn embedded(dir: &tempfile::TempDir, partitions: u32) -> Arc<dyn Log> {
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-    Arc::new(EmbeddedLog::open(store, Options { partitions, ..Default::default() }).unwrap())
+    Arc::new(
+        EmbeddedLog::open(
+            store,
+            Options {
+                partitions,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
 }
 
 fn add(id: &str, n: u64, key: Option<&str>) -> CommandRequest {
@@ -30,7 +41,9 @@ fn add(id: &str, n: u64, key: Option<&str>) -> CommandRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_key_submitted_concurrently_executes_once() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder(RuntimeOptions::default()).aggregate::<Counter>(()).build(embedded(&dir, 2));
+    let rt = Runtime::builder(RuntimeOptions::default())
+        .aggregate::<Counter>(())
+        .build(embedded(&dir, 2));
     let svc = rt.aggregate("counter").unwrap().clone();
     // Keep the partition busy so that copies arrive while the first is in flight.
     let mut tasks = Vec::new();
@@ -51,7 +64,10 @@ async fn one_key_submitted_concurrently_executes_once() {
         }
     }
     assert_eq!(outcomes.len(), 20);
-    assert!(outcomes.windows(2).all(|w| w[0] == w[1]), "every copy gets the same outcome");
+    assert!(
+        outcomes.windows(2).all(|w| w[0] == w[1]),
+        "every copy gets the same outcome"
+    );
     let state = svc.state("once").await.unwrap().unwrap();
     assert_eq!(state.version, 1, "executed exactly once");
     let events = svc.events("once", 1, 100).await.unwrap();
@@ -62,7 +78,12 @@ async fn one_key_submitted_concurrently_executes_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_commands_keep_versions_contiguous_and_state_equal_to_the_fold() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::builder(RuntimeOptions { max_batch: 7, ..Default::default() }).aggregate::<Counter>(()).build(embedded(&dir, 3));
+    let rt = Runtime::builder(RuntimeOptions {
+        max_batch: 7,
+        ..Default::default()
+    })
+    .aggregate::<Counter>(())
+    .build(embedded(&dir, 3));
     let svc = rt.aggregate("counter").unwrap().clone();
     let mut tasks = Vec::new();
     for w in 0..32u64 {
@@ -90,18 +111,34 @@ async fn concurrent_commands_keep_versions_contiguous_and_state_equal_to_the_fol
         let id = format!("agg-{i}");
         let events = svc.events(&id, 1, 10_000).await.unwrap();
         let versions: Vec<u64> = events.iter().map(|e| e.version).collect();
-        assert_eq!(versions, (1..=events.len() as u64).collect::<Vec<_>>(), "versions of {id} are 1..n");
+        assert_eq!(
+            versions,
+            (1..=events.len() as u64).collect::<Vec<_>>(),
+            "versions of {id} are 1..n"
+        );
         let mut fold = Counter::default();
         for e in &events {
             fold.apply(&serde_json::from_str::<CounterEvent>(e.payload.get()).unwrap());
         }
         let state = svc.state(&id).await.unwrap().unwrap();
         assert_eq!(state.version, events.len() as u64);
-        assert_eq!(serde_json::from_str::<Counter>(state.state.get()).unwrap(), fold, "state of {id} is the fold of its events");
+        assert_eq!(
+            serde_json::from_str::<Counter>(state.state.get()).unwrap(),
+            fold,
+            "state of {id} is the fold of its events"
+        );
         let acks = acked.remove(&id).unwrap_or_default();
-        assert_eq!(acks.len(), events.len(), "one event per accepted command of {id}");
+        assert_eq!(
+            acks.len(),
+            events.len(),
+            "one event per accepted command of {id}"
+        );
         for (key, v) in acks {
-            assert_eq!(events[(v - 1) as usize].command_id, key, "the acknowledged version of {key} holds its event");
+            assert_eq!(
+                events[(v - 1) as usize].command_id,
+                key,
+                "the acknowledged version of {key} holds its event"
+            );
         }
     }
 }
@@ -115,11 +152,18 @@ async fn dedup_records_expire_after_the_window() {
         dedup_sweep_every: Duration::from_millis(20),
         ..Default::default()
     };
-    let rt = Runtime::builder(options).clock(Arc::new(clock.clone())).aggregate::<Counter>(()).build(embedded(&dir, 1));
+    let rt = Runtime::builder(options)
+        .clock(Arc::new(clock.clone()))
+        .aggregate::<Counter>(())
+        .build(embedded(&dir, 1));
     let svc = rt.aggregate("counter").unwrap().clone();
     let first = svc.submit(add("c", 1, Some("k"))).await.unwrap();
     clock.advance(59_000);
-    assert_eq!(svc.submit(add("c", 1, Some("k"))).await.unwrap(), first, "inside the window: the original outcome");
+    assert_eq!(
+        svc.submit(add("c", 1, Some("k"))).await.unwrap(),
+        first,
+        "inside the window: the original outcome"
+    );
     assert_eq!(svc.state("c").await.unwrap().unwrap().version, 1);
     // Past the window the record is ignored at once: the key is a new command. (It is
     // reused before the sweep removed its old expiry entry.)
@@ -132,13 +176,26 @@ async fn dedup_records_expire_after_the_window() {
     // Sweeps run; the old expiry entry goes, the key's newer record stays.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let store = rt.log().store().clone();
-    assert!(store.expired_dedup("counter", 0, 1_000_000 + 59_000 + 2_000 - 60_000 + 1, 10).unwrap().is_empty(), "old entry swept");
-    assert_eq!(svc.submit(add("c", 1, Some("k"))).await.unwrap(), again, "the reused key keeps its new outcome");
+    assert!(
+        store
+            .expired_dedup("counter", 0, 1_000_000 + 59_000 + 2_000 - 60_000 + 1, 10)
+            .unwrap()
+            .is_empty(),
+        "old entry swept"
+    );
+    assert_eq!(
+        svc.submit(add("c", 1, Some("k"))).await.unwrap(),
+        again,
+        "the reused key keeps its new outcome"
+    );
     // Once that one expires too, the sweep removes the record itself.
     clock.advance(61_000);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.get_dedup("counter", 0, "k").unwrap().is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "expired dedup record was not removed");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expired dedup record was not removed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -163,14 +220,25 @@ impl Log for GatedLog {
     async fn commit(&self, unit: CommitUnit) -> eventfold_log::Result<Receipt> {
         self.inner.commit(unit).await
     }
-    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> eventfold_log::Result<Vec<(u64, Record)>> {
+    async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> eventfold_log::Result<Vec<(u64, Record)>> {
         self.inner.read(topic, partition, from, max).await
     }
     async fn end_offset(&self, topic: &str, partition: u32) -> eventfold_log::Result<u64> {
         let _permit = self.gate.acquire().await.unwrap();
         self.inner.end_offset(topic, partition).await
     }
-    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> eventfold_log::Result<Option<u64>> {
+    async fn committed_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: u32,
+    ) -> eventfold_log::Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }
 }
@@ -179,13 +247,25 @@ impl Log for GatedLog {
 async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
     let dir = tempfile::tempdir().unwrap();
     let gate = Arc::new(Semaphore::new(0));
-    let log = Arc::new(GatedLog { inner: embedded(&dir, 1), gate: gate.clone() });
-    let options = RuntimeOptions { restore_queue_limit: 2, ..Default::default() };
-    let rt = Runtime::builder(options).aggregate::<Counter>(()).build(log);
+    let log = Arc::new(GatedLog {
+        inner: embedded(&dir, 1),
+        gate: gate.clone(),
+    });
+    let options = RuntimeOptions {
+        restore_queue_limit: 2,
+        ..Default::default()
+    };
+    let rt = Runtime::builder(options)
+        .aggregate::<Counter>(())
+        .build(log);
     let svc = rt.aggregate("counter").unwrap().clone();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!rt.is_ready());
-    assert!(rt.partitions().iter().all(|p| p.state == PartitionState::Restoring));
+    assert!(
+        rt.partitions()
+            .iter()
+            .all(|p| p.state == PartitionState::Restoring)
+    );
 
     let waiting: Vec<_> = (0..2)
         .map(|i| {
@@ -198,10 +278,16 @@ async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
         Err(Error::Restoring { partition: 0, .. }) => {}
         other => panic!("a full restore queue answers Restoring, got {other:?}"),
     }
-    assert!(waiting.iter().all(|t| !t.is_finished()), "commands wait while the partition restores");
+    assert!(
+        waiting.iter().all(|t| !t.is_finished()),
+        "commands wait while the partition restores"
+    );
     gate.add_permits(1000);
     for t in waiting {
-        assert!(matches!(t.await.unwrap().unwrap(), Outcome::Accepted(_)), "queued commands run after the barrier");
+        assert!(
+            matches!(t.await.unwrap().unwrap(), Outcome::Accepted(_)),
+            "queued commands run after the barrier"
+        );
     }
     assert!(rt.is_ready());
     let names: HashSet<_> = rt.aggregate_names().collect();

@@ -12,7 +12,9 @@ mod codec;
 mod store;
 
 pub use codec::{decode_record, encode_record};
-pub use store::{Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table};
+pub use store::{
+    Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table,
+};
 
 /// Errors of the local store.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +25,11 @@ pub enum Error {
     Storage(#[from] fjall::Error),
     /// A stored value failed its checksum or could not be decoded.
     #[error("corrupt record in table `{table}` at key {key}: {reason}")]
-    Corrupt { table: &'static str, key: String, reason: String },
+    Corrupt {
+        table: &'static str,
+        key: String,
+        reason: String,
+    },
     /// A key component is outside what the store accepts.
     #[error("invalid key: {0}")]
     InvalidKey(String),

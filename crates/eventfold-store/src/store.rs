@@ -25,7 +25,14 @@ pub enum Table {
 
 impl Table {
     /// All tables.
-    pub const ALL: [Table; 6] = [Table::Log, Table::Entity, Table::State, Table::Dedup, Table::DedupExpiry, Table::Meta];
+    pub const ALL: [Table; 6] = [
+        Table::Log,
+        Table::Entity,
+        Table::State,
+        Table::Dedup,
+        Table::DedupExpiry,
+        Table::Meta,
+    ];
 
     /// The keyspace name.
     pub fn name(self) -> &'static str {
@@ -51,7 +58,10 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { cache_bytes: 256 << 20, temporary: false }
+        Self {
+            cache_bytes: 256 << 20,
+            temporary: false,
+        }
     }
 }
 
@@ -101,7 +111,9 @@ impl std::fmt::Debug for Store {
 
 fn check_component(what: &str, s: &[u8]) -> Result<()> {
     if s.is_empty() || s.contains(&0) || s.len() > 1024 {
-        return Err(Error::InvalidKey(format!("{what} must be 1..=1024 bytes without NUL")));
+        return Err(Error::InvalidKey(format!(
+            "{what} must be 1..=1024 bytes without NUL"
+        )));
     }
     Ok(())
 }
@@ -143,12 +155,22 @@ fn ts_key(ts: i64) -> [u8; 8] {
 
 fn printable(key: &[u8]) -> String {
     key.iter()
-        .map(|&b| if b.is_ascii_graphic() { (b as char).to_string() } else { format!("\\x{b:02x}") })
+        .map(|&b| {
+            if b.is_ascii_graphic() {
+                (b as char).to_string()
+            } else {
+                format!("\\x{b:02x}")
+            }
+        })
         .collect()
 }
 
 fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
-    Error::Corrupt { table: table.name(), key: printable(key), reason }
+    Error::Corrupt {
+        table: table.name(),
+        key: printable(key),
+        reason,
+    }
 }
 
 /// A log record framed and checksummed, ready to store.
@@ -223,12 +245,25 @@ impl Batch {
     }
 
     /// Appends a record encoded beforehand (so a single writer thread only builds keys).
-    pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
+    pub fn put_log_encoded(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        record: EncodedRecord,
+    ) {
         self.put(Table::Log, log_key(topic, partition, offset), record.0);
     }
 
     /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
-    pub fn put_entity(&mut self, topic: &str, entity: &[u8], version: u64, partition: u32, offset: u64) {
+    pub fn put_entity(
+        &mut self,
+        topic: &str,
+        entity: &[u8],
+        version: u64,
+        partition: u32,
+        offset: u64,
+    ) {
         let mut k = entity_prefix(topic, entity);
         k.extend_from_slice(&version.to_be_bytes());
         let mut v = Vec::with_capacity(12);
@@ -242,11 +277,22 @@ impl Batch {
         let mut v = Vec::with_capacity(8 + json.len());
         v.extend_from_slice(&version.to_le_bytes());
         v.extend_from_slice(json);
-        self.put(Table::State, key2(agg_type.as_bytes(), id.as_bytes()), frame(&v));
+        self.put(
+            Table::State,
+            key2(agg_type.as_bytes(), id.as_bytes()),
+            frame(&v),
+        );
     }
 
     /// Records the outcome of `command_id`, expiring from `timestamp_ms` + window.
-    pub fn put_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64, outcome: &[u8]) {
+    pub fn put_dedup(
+        &mut self,
+        agg_type: &str,
+        partition: u32,
+        command_id: &str,
+        timestamp_ms: i64,
+        outcome: &[u8],
+    ) {
         let prefix = dedup_prefix(agg_type, partition);
         let mut k = prefix.clone();
         k.extend_from_slice(command_id.as_bytes());
@@ -261,7 +307,13 @@ impl Batch {
     }
 
     /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
-    pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
+    pub fn delete_dedup(
+        &mut self,
+        agg_type: &str,
+        partition: u32,
+        command_id: &str,
+        timestamp_ms: i64,
+    ) {
         let mut k = dedup_prefix(agg_type, partition);
         k.extend_from_slice(command_id.as_bytes());
         self.delete(Table::Dedup, k);
@@ -270,7 +322,13 @@ impl Batch {
 
     /// Removes only the expiry entry of `command_id` at `timestamp_ms` (the command id was
     /// recorded again later, so its newer outcome must stay).
-    pub fn delete_dedup_expiry(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
+    pub fn delete_dedup_expiry(
+        &mut self,
+        agg_type: &str,
+        partition: u32,
+        command_id: &str,
+        timestamp_ms: i64,
+    ) {
         let mut ek = dedup_prefix(agg_type, partition);
         ek.extend_from_slice(&ts_key(timestamp_ms));
         ek.extend_from_slice(command_id.as_bytes());
@@ -279,7 +337,11 @@ impl Batch {
 
     /// Sets the checkpoint or offset `name` to `value`.
     pub fn put_meta(&mut self, name: &str, value: u64) {
-        self.put(Table::Meta, name.as_bytes().to_vec(), frame(&value.to_le_bytes()));
+        self.put(
+            Table::Meta,
+            name.as_bytes().to_vec(),
+            frame(&value.to_le_bytes()),
+        );
     }
 }
 
@@ -304,7 +366,10 @@ impl Store {
     }
 
     fn table(&self, t: Table) -> &Keyspace {
-        &self.tables[Table::ALL.iter().position(|x| *x == t).expect("every table is opened")]
+        &self.tables[Table::ALL
+            .iter()
+            .position(|x| *x == t)
+            .expect("every table is opened")]
     }
 
     /// Writes `batch` atomically; with `durable`, fsyncs the journal before returning.
@@ -312,7 +377,11 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut b = self.db.batch().durability(Some(if durable { PersistMode::SyncData } else { PersistMode::Buffer }));
+        let mut b = self.db.batch().durability(Some(if durable {
+            PersistMode::SyncData
+        } else {
+            PersistMode::Buffer
+        }));
         for (t, k, v) in batch.ops {
             match v {
                 Some(v) => b.insert(self.table(t), k, v),
@@ -331,42 +400,72 @@ impl Store {
     /// The state of aggregate `id`, checksum verified.
     pub fn get_state(&self, agg_type: &str, id: &str) -> Result<Option<StateRow>> {
         let k = key2(agg_type.as_bytes(), id.as_bytes());
-        let Some(v) = self.table(Table::State).get(&k)? else { return Ok(None) };
+        let Some(v) = self.table(Table::State).get(&k)? else {
+            return Ok(None);
+        };
         let decode = || -> Result<StateRow, String> {
             let mut r = Reader::new(unframe(&v)?);
             let version = r.u64()?;
-            Ok(StateRow { version, json: r.rest().to_vec() })
+            Ok(StateRow {
+                version,
+                json: r.rest().to_vec(),
+            })
         };
         decode().map(Some).map_err(|e| corrupt(Table::State, &k, e))
     }
 
     /// The stored outcome of `command_id`, checksum verified.
-    pub fn get_dedup(&self, agg_type: &str, partition: u32, command_id: &str) -> Result<Option<DedupRow>> {
+    pub fn get_dedup(
+        &self,
+        agg_type: &str,
+        partition: u32,
+        command_id: &str,
+    ) -> Result<Option<DedupRow>> {
         let mut k = dedup_prefix(agg_type, partition);
         k.extend_from_slice(command_id.as_bytes());
-        let Some(v) = self.table(Table::Dedup).get(&k)? else { return Ok(None) };
+        let Some(v) = self.table(Table::Dedup).get(&k)? else {
+            return Ok(None);
+        };
         let decode = || -> Result<DedupRow, String> {
             let mut r = Reader::new(unframe(&v)?);
             let timestamp_ms = r.i64()?;
-            Ok(DedupRow { timestamp_ms, outcome: r.rest().to_vec() })
+            Ok(DedupRow {
+                timestamp_ms,
+                outcome: r.rest().to_vec(),
+            })
         };
         decode().map(Some).map_err(|e| corrupt(Table::Dedup, &k, e))
     }
 
     /// Up to `max` dedup entries of a partition recorded before `before_ms`, oldest first,
     /// as `(timestamp, command id)`.
-    pub fn expired_dedup(&self, agg_type: &str, partition: u32, before_ms: i64, max: usize) -> Result<Vec<(i64, String)>> {
+    pub fn expired_dedup(
+        &self,
+        agg_type: &str,
+        partition: u32,
+        before_ms: i64,
+        max: usize,
+    ) -> Result<Vec<(i64, String)>> {
         let prefix = dedup_prefix(agg_type, partition);
         let mut end = prefix.clone();
         end.extend_from_slice(&ts_key(before_ms));
         let mut out = Vec::new();
-        for kv in self.table(Table::DedupExpiry).range(prefix.clone()..end).take(max) {
+        for kv in self
+            .table(Table::DedupExpiry)
+            .range(prefix.clone()..end)
+            .take(max)
+        {
             let k = kv.key()?;
             let rest = &k[prefix.len()..];
             if rest.len() < 8 {
-                return Err(corrupt(Table::DedupExpiry, &k, "key shorter than its timestamp".into()));
+                return Err(corrupt(
+                    Table::DedupExpiry,
+                    &k,
+                    "key shorter than its timestamp".into(),
+                ));
             }
-            let ts = (u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")) ^ (1 << 63)) as i64;
+            let ts =
+                (u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")) ^ (1 << 63)) as i64;
             let id = String::from_utf8(rest[8..].to_vec())
                 .map_err(|_| corrupt(Table::DedupExpiry, &k, "command id is not UTF-8".into()))?;
             out.push((ts, id));
@@ -375,7 +474,13 @@ impl Store {
     }
 
     /// Reads up to `max` log records of `topic`/`partition` from `from` on.
-    pub fn read_log(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+    pub fn read_log(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Record)>> {
         let start = log_key(topic, partition, from);
         let end = log_key(topic, partition, u64::MAX);
         let mut out = Vec::with_capacity(max.min(1024));
@@ -406,7 +511,13 @@ impl Store {
 
     /// Events of `entity` in `topic` from version `from_version` on (at most `max`),
     /// through the per-entity index: costs that entity's events, not a scan.
-    pub fn entity_events(&self, topic: &str, entity: &[u8], from_version: u64, max: usize) -> Result<Vec<EntityEvent>> {
+    pub fn entity_events(
+        &self,
+        topic: &str,
+        entity: &[u8],
+        from_version: u64,
+        max: usize,
+    ) -> Result<Vec<EntityEvent>> {
         let prefix = entity_prefix(topic, entity);
         let mut start = prefix.clone();
         start.extend_from_slice(&from_version.to_be_bytes());
@@ -415,9 +526,10 @@ impl Store {
         let mut out = Vec::new();
         for kv in self.table(Table::Entity).range(start..end).take(max) {
             let (k, v) = kv.into_inner()?;
-            let version = u64::from_be_bytes(k[prefix.len()..].try_into().map_err(|_| {
-                corrupt(Table::Entity, &k, "key does not end in a version".into())
-            })?);
+            let version =
+                u64::from_be_bytes(k[prefix.len()..].try_into().map_err(|_| {
+                    corrupt(Table::Entity, &k, "key does not end in a version".into())
+                })?);
             let (partition, offset) = (|| -> Result<(u32, u64), String> {
                 let mut r = Reader::new(unframe(&v)?);
                 let p = r.u32()?;
@@ -427,23 +539,36 @@ impl Store {
             })()
             .map_err(|e| corrupt(Table::Entity, &k, e))?;
             let record = self.get_log(topic, partition, offset)?.ok_or_else(|| {
-                corrupt(Table::Entity, &k, format!("points at missing log record {topic}/{partition}@{offset}"))
+                corrupt(
+                    Table::Entity,
+                    &k,
+                    format!("points at missing log record {topic}/{partition}@{offset}"),
+                )
             })?;
-            out.push(EntityEvent { version, partition, offset, record });
+            out.push(EntityEvent {
+                version,
+                partition,
+                offset,
+                record,
+            });
         }
         Ok(out)
     }
 
     /// The checkpoint or offset `name`.
     pub fn get_meta(&self, name: &str) -> Result<Option<u64>> {
-        let Some(v) = self.table(Table::Meta).get(name.as_bytes())? else { return Ok(None) };
+        let Some(v) = self.table(Table::Meta).get(name.as_bytes())? else {
+            return Ok(None);
+        };
         let decode = || -> Result<u64, String> {
             let mut r = Reader::new(unframe(&v)?);
             let x = r.u64()?;
             r.finish()?;
             Ok(x)
         };
-        decode().map(Some).map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
+        decode()
+            .map(Some)
+            .map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
     }
 
     /// Bytes on disk.
@@ -455,7 +580,8 @@ impl Store {
     /// `agg_type`/`id` with `value`, bypassing framing, to simulate on-disk corruption.
     #[doc(hidden)]
     pub fn overwrite_state_raw(&self, agg_type: &str, id: &str, value: &[u8]) -> Result<()> {
-        self.table(Table::State).insert(key2(agg_type.as_bytes(), id.as_bytes()), value.to_vec())?;
+        self.table(Table::State)
+            .insert(key2(agg_type.as_bytes(), id.as_bytes()), value.to_vec())?;
         self.db.persist(PersistMode::SyncAll)?;
         Ok(())
     }
@@ -463,11 +589,17 @@ impl Store {
 
 fn offset_of(log_key: &[u8]) -> u64 {
     let n = log_key.len();
-    u64::from_be_bytes(log_key[n - 8..].try_into().expect("log keys end in an offset"))
+    u64::from_be_bytes(
+        log_key[n - 8..]
+            .try_into()
+            .expect("log keys end in an offset"),
+    )
 }
 
 fn decode_framed_record(k: &[u8], v: &[u8]) -> Result<Record> {
-    unframe(v).and_then(decode_record).map_err(|e| corrupt(Table::Log, k, e))
+    unframe(v)
+        .and_then(decode_record)
+        .map_err(|e| corrupt(Table::Log, k, e))
 }
 
 #[cfg(test)]
@@ -481,7 +613,12 @@ mod tests {
     }
 
     fn rec(v: &str) -> Record {
-        Record { key: b"k".to_vec(), value: v.as_bytes().to_vec(), headers: vec![], timestamp_ms: 5 }
+        Record {
+            key: b"k".to_vec(),
+            value: v.as_bytes().to_vec(),
+            headers: vec![],
+            timestamp_ms: 5,
+        }
     }
 
     #[test]
@@ -504,9 +641,21 @@ mod tests {
         assert_eq!(s.read_log("t", 1, 1, 10).unwrap(), vec![(1, rec("b"))]);
         let ev = s.entity_events("t", b"k", 2, 10).unwrap();
         assert_eq!(ev.len(), 1);
-        assert_eq!((ev[0].version, ev[0].record.value.as_slice()), (2, b"b".as_slice()));
-        assert_eq!(s.get_state("order", "k").unwrap(), Some(StateRow { version: 2, json: b"{}".to_vec() }));
-        assert_eq!(s.get_dedup("order", 1, "c1").unwrap().unwrap().timestamp_ms, 100);
+        assert_eq!(
+            (ev[0].version, ev[0].record.value.as_slice()),
+            (2, b"b".as_slice())
+        );
+        assert_eq!(
+            s.get_state("order", "k").unwrap(),
+            Some(StateRow {
+                version: 2,
+                json: b"{}".to_vec()
+            })
+        );
+        assert_eq!(
+            s.get_dedup("order", 1, "c1").unwrap().unwrap().timestamp_ms,
+            100
+        );
         assert_eq!(s.get_meta("ckpt").unwrap(), Some(42));
     }
 
@@ -533,6 +682,9 @@ mod tests {
         let (_dir, s) = temp();
         s.overwrite_state_raw("order", "o-9", b"garbage!").unwrap();
         let err = s.get_state("order", "o-9").unwrap_err().to_string();
-        assert!(err.contains("table `state`") && err.contains("o-9") && err.contains("checksum"), "{err}");
+        assert!(
+            err.contains("table `state`") && err.contains("o-9") && err.contains("checksum"),
+            "{err}"
+        );
     }
 }

@@ -16,15 +16,31 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 async fn run_once(concurrency: u64, seconds: u64, fsync: bool) -> (f64, Vec<u64>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-    let log = EmbeddedLog::open(store, Options { fsync, ..Default::default() }).unwrap();
+    let log = EmbeddedLog::open(
+        store,
+        Options {
+            fsync,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let stats = log.stats().clone();
-    let rt = Runtime::builder(RuntimeOptions { app_id: "bench".into(), ..Default::default() }).aggregate::<Order>(()).build(Arc::new(log));
+    let rt = Runtime::builder(RuntimeOptions {
+        app_id: "bench".into(),
+        ..Default::default()
+    })
+    .aggregate::<Order>(())
+    .build(Arc::new(log));
     rt.wait_restored(Duration::from_secs(10)).await;
     let svc = rt.aggregate("order").unwrap().clone();
     let stop = Arc::new(AtomicBool::new(false));
@@ -77,10 +93,23 @@ fn main() {
     let seconds = arg("--seconds", 5);
     let runs = arg("--runs", 3);
     let fsync = arg("--fsync", 1) == 1;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    eprintln!("in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, {} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
-    let mut results: Vec<(f64, Vec<u64>)> = (0..runs).map(|_| rt.block_on(run_once(concurrency, seconds, fsync))).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    eprintln!(
+        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, {} cores",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    let mut results: Vec<(f64, Vec<u64>)> = (0..runs)
+        .map(|_| rt.block_on(run_once(concurrency, seconds, fsync)))
+        .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (tput, pcts) = &results[results.len() / 2];
-    println!("median: {tput:.0} commands/s (p50 {} us, p99 {} us)", pcts[0], pcts[1]);
+    println!(
+        "median: {tput:.0} commands/s (p50 {} us, p99 {} us)",
+        pcts[0], pcts[1]
+    );
 }

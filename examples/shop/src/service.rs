@@ -80,12 +80,24 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         );
     }
     if opts.partitions == 0 || opts.partitions > 1024 {
-        bail!("--partitions must be between 1 and 1024, got {}", opts.partitions);
+        bail!(
+            "--partitions must be between 1 and 1024, got {}",
+            opts.partitions
+        );
     }
     let dir = opts.data_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
-    let store = Store::open(&dir, &StoreOptions::default()).with_context(|| format!("cannot open the store in {}", dir.display()))?;
-    let log = EmbeddedLog::open(store, embedded::Options { partitions: opts.partitions, fsync: !opts.no_fsync, ..Default::default() })?;
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+    let store = Store::open(&dir, &StoreOptions::default())
+        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let log = EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: opts.partitions,
+            fsync: !opts.no_fsync,
+            ..Default::default()
+        },
+    )?;
     let options = RuntimeOptions {
         app_id: opts.app_id.clone(),
         dedup_window: Duration::from_secs(opts.dedup_window_secs),
@@ -94,10 +106,16 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
     };
     let runtime = Runtime::builder(options)
         .aggregate::<Order>(())
-        .aggregate::<Payment>(PaymentConfig { decline_above_cents: opts.decline_above_cents })
+        .aggregate::<Payment>(PaymentConfig {
+            decline_above_cents: opts.decline_above_cents,
+        })
         .aggregate::<Customer>(())
         .build(Arc::new(log));
-    let http = HttpOptions { max_body_bytes: opts.max_body_bytes, advertised_address: format!("http://{}", opts.http), ..Default::default() };
+    let http = HttpOptions {
+        max_body_bytes: opts.max_body_bytes,
+        advertised_address: format!("http://{}", opts.http),
+        ..Default::default()
+    };
     let router = eventfold::http::router(runtime.clone(), http);
     Ok(Shop { runtime, router })
 }
