@@ -52,6 +52,7 @@ pub async fn run_all(factory: &dyn Factory, prefix: &str) {
     consumed_offsets_are_committed_with_the_unit(factory, prefix).await;
     local_changes_are_committed_with_the_unit(factory, prefix).await;
     concurrent_commits_lose_and_duplicate_nothing(factory, prefix).await;
+    units_started_in_order_commit_in_order(factory, prefix).await;
     everything_survives_reopen(factory, prefix).await;
     partitions_out_of_range_are_errors(factory, prefix).await;
 }
@@ -262,6 +263,39 @@ pub async fn concurrent_commits_lose_and_duplicate_nothing(factory: &dyn Factory
         total += recs.len();
     }
     assert_eq!(total, 16 * 25, "every committed record is readable");
+}
+
+/// Units started one after the other (without awaiting) commit in that order: offsets
+/// follow start order, and a later unit's local changes win over an earlier one's.
+pub async fn units_started_in_order_commit_in_order(factory: &dyn Factory, prefix: &str) {
+    let log = factory.open().await;
+    let t = topic(prefix, "ordered");
+    let ty = format!("{prefix}-ordered");
+    let mut pending = Vec::new();
+    for i in 0..200u64 {
+        let mut local = Batch::new();
+        local.put_state(&ty, "agg", i + 1, format!("{{\"v\":{i}}}").as_bytes());
+        let unit = CommitUnit {
+            appends: vec![append(&t, 0, rec("agg", &i.to_string(), 1))],
+            local,
+            ..Default::default()
+        };
+        pending.push(log.commit(unit));
+    }
+    let mut offsets = Vec::new();
+    for p in pending {
+        offsets.push(p.await.unwrap().offsets[0]);
+    }
+    assert_eq!(
+        offsets,
+        (0..200).collect::<Vec<u64>>(),
+        "offsets follow the order units were started in"
+    );
+    let row = log.store().get_state(&ty, "agg").unwrap().unwrap();
+    assert_eq!(
+        row.version, 200,
+        "the last started unit's state is the one stored"
+    );
 }
 
 /// Records, offsets and local changes survive dropping and reopening the log.

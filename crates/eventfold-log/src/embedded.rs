@@ -5,7 +5,7 @@
 //! then answers every caller. One command alone is committed at once; under load many
 //! commands share an fsync. Offsets advance in memory only after the batch is durable.
 
-use crate::{CommitUnit, Error, Log, Receipt, Result, offset_key};
+use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result, offset_key};
 use async_trait::async_trait;
 use eventfold_core::Record;
 use eventfold_store::{Batch, EncodedRecord, Store};
@@ -97,7 +97,7 @@ type Job = (Staged, oneshot::Sender<Result<Receipt>>);
 pub struct EmbeddedLog {
     store: Store,
     options: Options,
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::UnboundedSender<Job>,
     stats: Arc<Stats>,
 }
 
@@ -121,7 +121,7 @@ impl EmbeddedLog {
                 store.commit(b, true)?;
             }
         }
-        let (tx, rx) = mpsc::channel::<Job>(4096);
+        let (tx, rx) = mpsc::unbounded_channel::<Job>();
         let stats = Arc::new(Stats::default());
         let committer = Committer {
             store: store.clone(),
@@ -174,7 +174,7 @@ struct Committer {
 }
 
 impl Committer {
-    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+    fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
         while let Some(first) = rx.blocking_recv() {
             let mut jobs = vec![first];
             let mut bytes = jobs[0].0.bytes;
@@ -341,14 +341,17 @@ impl Log for EmbeddedLog {
         &self.store
     }
 
-    async fn commit(&self, unit: CommitUnit) -> Result<Receipt> {
+    fn commit(&self, unit: CommitUnit) -> CommitFuture {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send((Staged::new(unit), tx))
-            .await
-            .map_err(|_| Error::Closed("committer thread stopped".into()))?;
-        rx.await
-            .map_err(|_| Error::Closed("committer thread stopped".into()))?
+        // Enqueued here, synchronously: the committer takes units in this order. The queue
+        // is unbounded because its writers are: each partition has at most
+        // `max_inflight_commits` units outstanding.
+        let sent = self.tx.send((Staged::new(unit), tx));
+        Box::pin(async move {
+            sent.map_err(|_| Error::Closed("committer thread stopped".into()))?;
+            rx.await
+                .map_err(|_| Error::Closed("committer thread stopped".into()))?
+        })
     }
 
     async fn read(

@@ -95,6 +95,10 @@ pub struct Receipt {
     pub offsets: Vec<u64>,
 }
 
+/// The pending result of [`Log::commit`].
+pub type CommitFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Receipt>> + Send + 'static>>;
+
 /// A partitioned, append-only log with atomic commit units.
 #[async_trait]
 pub trait Log: Send + Sync + 'static {
@@ -104,8 +108,14 @@ pub trait Log: Send + Sync + 'static {
     fn partitions(&self) -> u32;
     /// The local store this log commits `CommitUnit::local` into.
     fn store(&self) -> &Store;
-    /// Commits a unit atomically and durably; returns once it is durable.
-    async fn commit(&self, unit: CommitUnit) -> Result<Receipt>;
+    /// Starts committing `unit` atomically and durably; the future resolves once it is
+    /// durable (or failed).
+    ///
+    /// **Ordering:** the unit is enqueued before this returns, and units started by one
+    /// caller commit in the order they were started: a later unit never becomes durable
+    /// without every earlier one (after a failure, later units fail too). Writers rely on
+    /// this to pipeline: they build unit k+1 on the state of unit k before k is durable.
+    fn commit(&self, unit: CommitUnit) -> CommitFuture;
     /// Reads up to `max` committed records from `from` on.
     async fn read(
         &self,

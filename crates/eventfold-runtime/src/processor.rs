@@ -10,7 +10,7 @@ use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{
     Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms,
 };
-use eventfold_log::{Append, CommitUnit, Log, Receipt};
+use eventfold_log::{Append, CommitFuture, CommitUnit, Log, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, VecDeque};
@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 /// A decoded command waiting for its partition.
 pub(crate) struct Job<A: Aggregate> {
@@ -111,7 +110,7 @@ struct Slot {
 
 /// A batch whose commit is under way. Batches are answered strictly in order.
 struct InFlight {
-    commit: Option<JoinHandle<eventfold_log::Result<Receipt>>>,
+    commit: Option<CommitFuture>,
     slots: Vec<Slot>,
     /// Command ids written by this batch (deduplicated in memory until it commits).
     commands: Vec<String>,
@@ -126,10 +125,9 @@ type CommitResult = std::result::Result<Option<Receipt>, String>;
 async fn front(queue: &mut VecDeque<InFlight>) -> CommitResult {
     match queue.front_mut().and_then(|f| f.commit.as_mut()) {
         None => Ok(None),
-        Some(handle) => match handle.await {
-            Ok(Ok(receipt)) => Ok(Some(receipt)),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(join) => Err(format!("commit task failed: {join}")),
+        Some(commit) => match commit.await {
+            Ok(receipt) => Ok(Some(receipt)),
+            Err(e) => Err(e.to_string()),
         },
     }
 }
@@ -518,8 +516,8 @@ impl<A: Aggregate> Processor<A> {
             })
             .collect();
         let commit = (written > 0).then(|| {
-            let log = self.log.clone();
-            tokio::spawn(async move { log.commit(unit).await })
+            // Enqueued now, in batch order: the log commits this partition's units in order.
+            self.log.commit(unit)
         });
         self.inflight.push_back(InFlight {
             commit,

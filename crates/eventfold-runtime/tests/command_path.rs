@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use eventfold_core::testing::{Counter, CounterEvent};
 use eventfold_core::{Aggregate, Outcome, Record};
 use eventfold_log::embedded::{EmbeddedLog, Options};
-use eventfold_log::{CommitUnit, Log, Receipt};
+use eventfold_log::{CommitFuture, CommitUnit, Log};
 use eventfold_runtime::{
     CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions,
 };
@@ -217,8 +217,8 @@ impl Log for GatedLog {
     fn store(&self) -> &Store {
         self.inner.store()
     }
-    async fn commit(&self, unit: CommitUnit) -> eventfold_log::Result<Receipt> {
-        self.inner.commit(unit).await
+    fn commit(&self, unit: CommitUnit) -> CommitFuture {
+        self.inner.commit(unit)
     }
     async fn read(
         &self,
