@@ -282,10 +282,12 @@ pub async fn units_started_in_order_commit_in_order(factory: &dyn Factory, prefi
         };
         pending.push(log.commit(unit));
     }
+    // Awaited in reverse: the order is fixed when `commit` is called, not when awaited.
     let mut offsets = Vec::new();
-    for p in pending {
+    for p in pending.into_iter().rev() {
         offsets.push(p.await.unwrap().offsets[0]);
     }
+    offsets.reverse();
     assert_eq!(
         offsets,
         (0..200).collect::<Vec<u64>>(),
