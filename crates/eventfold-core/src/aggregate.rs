@@ -28,9 +28,7 @@ pub struct Context<'a, C> {
 ///
 /// Commands and events are serde types; eventfold expects internally tagged enums
 /// (`#[serde(tag = "type")]`) so that every JSON document names its type first.
-pub trait Aggregate:
-    Default + Clone + Serialize + DeserializeOwned + Send + Sync + 'static
-{
+pub trait Aggregate: Default + Clone + Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The aggregate type name used in topics and URLs, e.g. `order`.
     const TYPE: &'static str;
     /// The commands this aggregate accepts.

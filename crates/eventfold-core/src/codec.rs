@@ -27,10 +27,7 @@ pub fn type_of(json: &[u8], what: &'static str) -> Result<String> {
 }
 
 /// Decodes a command body for `aggregate_type`, returning its type name and value.
-pub fn decode_command<C: DeserializeOwned>(
-    aggregate_type: &str,
-    body: &[u8],
-) -> Result<(String, C)> {
+pub fn decode_command<C: DeserializeOwned>(aggregate_type: &str, body: &[u8]) -> Result<(String, C)> {
     let command_type = type_of(body, "command")?;
     match serde_json::from_slice::<C>(body) {
         Ok(c) => Ok((command_type, c)),

@@ -42,10 +42,7 @@ pub struct Record {
 impl Record {
     /// The first header named `name`, if any.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_slice())
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
     }
 
     /// The first header named `name` as UTF-8 text, if present and valid.

@@ -98,10 +98,7 @@ impl<A: Aggregate> Then<A> {
                 let got: Vec<_> = events.iter().map(json).collect();
                 assert_eq!(got, expected, "events differ");
             }
-            Err(r) => panic!(
-                "expected events {expected:?}, got rejection {}: {r}",
-                r.code()
-            ),
+            Err(r) => panic!("expected events {expected:?}, got rejection {}: {r}", r.code()),
         }
         self
     }

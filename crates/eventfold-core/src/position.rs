@@ -45,9 +45,7 @@ impl Position {
     /// Decodes a token produced by [`Position::encode`].
     pub fn decode(token: &str) -> Result<Self> {
         let bad = |why: &str| Error::InvalidPosition(format!("{why} (token {token:?})"));
-        let raw = URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|_| bad("not base64url"))?;
+        let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad("not base64url"))?;
         let s = String::from_utf8(raw).map_err(|_| bad("not UTF-8"))?;
         let mut parts = s.split(';');
         if parts.next() != Some("v1") {
@@ -78,8 +76,7 @@ mod tests {
         p.advance("shop.order.events", 3, 10); // lower: ignored
         let t = p.encode();
         assert!(
-            t.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            t.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             "{t}"
         );
         assert_eq!(Position::decode(&t).unwrap(), p);

@@ -37,11 +37,7 @@ pub struct LimitExceeded(pub u64);
 
 impl std::fmt::Display for LimitExceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "adding would take the counter to {}, above the limit of 100",
-            self.0
-        )
+        write!(f, "adding would take the counter to {}, above the limit of 100", self.0)
     }
 }
 
@@ -58,11 +54,7 @@ impl Aggregate for Counter {
     type Rejection = LimitExceeded;
     type Config = ();
 
-    fn handle(
-        &self,
-        command: CounterCommand,
-        _: &Context<'_, ()>,
-    ) -> Result<Vec<CounterEvent>, LimitExceeded> {
+    fn handle(&self, command: CounterCommand, _: &Context<'_, ()>) -> Result<Vec<CounterEvent>, LimitExceeded> {
         match command {
             CounterCommand::Add { n } if self.total + n > 100 => Err(LimitExceeded(self.total + n)),
             CounterCommand::Add { n } => Ok(vec![CounterEvent::Added { n }]),

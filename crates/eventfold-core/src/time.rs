@@ -34,13 +34,7 @@ mod tests {
     #[test]
     fn formats_known_instants() {
         assert_eq!(super::rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            super::rfc3339_ms(1_700_000_000_123),
-            "2023-11-14T22:13:20.123Z"
-        );
-        assert_eq!(
-            super::rfc3339_ms(951_782_400_000),
-            "2000-02-29T00:00:00.000Z"
-        );
+        assert_eq!(super::rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(super::rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 }

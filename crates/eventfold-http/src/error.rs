@@ -45,35 +45,25 @@ impl From<Error> for ApiError {
         let message = e.to_string();
         let (status, code, retry_after) = match &e {
             Error::UnknownAggregate(_) => (StatusCode::NOT_FOUND, "unknown_aggregate_type", None),
-            Error::BadCommand(Core::UnknownCommand { .. }) => {
-                (StatusCode::BAD_REQUEST, "unknown_command_type", None)
-            }
-            Error::BadCommand(Core::InvalidPosition(_)) => {
-                (StatusCode::BAD_REQUEST, "invalid_position", None)
-            }
+            Error::BadCommand(Core::UnknownCommand { .. }) => (StatusCode::BAD_REQUEST, "unknown_command_type", None),
+            Error::BadCommand(Core::InvalidPosition(_)) => (StatusCode::BAD_REQUEST, "invalid_position", None),
             Error::BadCommand(_) => (StatusCode::BAD_REQUEST, "malformed_command", None),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", None),
-            Error::VersionMismatch { .. } => {
-                (StatusCode::PRECONDITION_FAILED, "version_mismatch", None)
-            }
+            Error::VersionMismatch { .. } => (StatusCode::PRECONDITION_FAILED, "version_mismatch", None),
             Error::Restoring { retry_after, .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "partition_restoring",
                 Some(*retry_after),
             ),
-            Error::Overloaded { retry_after, .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                Some(*retry_after),
-            ),
+            Error::Overloaded { retry_after, .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "overloaded", Some(*retry_after))
+            }
             Error::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",
                 Some(Duration::from_secs(1)),
             ),
-            Error::PartitionFailed { .. } => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "partition_failed", None)
-            }
+            Error::PartitionFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "partition_failed", None),
             Error::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown", None),
             Error::Store(eventfold_store::Error::Corrupt { .. }) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", None)
@@ -104,16 +94,13 @@ impl From<Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = json!({"error": self.code, "message": self.message});
-        if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
-            (self.extra, body.as_object_mut())
-        {
+        if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (self.extra, body.as_object_mut()) {
             obj.extend(extra);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(after) = self.retry_after {
             let secs = after.as_secs().max(1);
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

@@ -90,10 +90,7 @@ fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, 
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_aggregate_type",
-            format!(
-                "unknown aggregate type `{ty}`; known types: {}",
-                known.join(", ")
-            ),
+            format!("unknown aggregate type `{ty}`; known types: {}", known.join(", ")),
         )
     })
 }
@@ -101,9 +98,10 @@ fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, ApiError> {
     match headers.get(name) {
         None => Ok(None),
-        Some(v) => v.to_str().map(Some).map_err(|_| {
-            ApiError::bad_request("bad_request", format!("header {name} is not visible ASCII"))
-        }),
+        Some(v) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request("bad_request", format!("header {name} is not visible ASCII"))),
     }
 }
 
@@ -113,10 +111,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         return Ok(None);
     };
     let t = v.trim();
-    let t = t
-        .strip_prefix('"')
-        .and_then(|t| t.strip_suffix('"'))
-        .unwrap_or(t);
+    let t = t.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(t);
     t.parse::<u64>().map(Some).map_err(|_| {
         ApiError::bad_request(
             "invalid_if_match",
@@ -137,16 +132,10 @@ async fn post_command(
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
-                format!(
-                    "request body exceeds the limit of {} bytes",
-                    app.options.max_body_bytes
-                ),
+                format!("request body exceeds the limit of {} bytes", app.options.max_body_bytes),
             )
         } else {
-            ApiError::bad_request(
-                "malformed_command",
-                format!("cannot read the request body: {e}"),
-            )
+            ApiError::bad_request("malformed_command", format!("cannot read the request body: {e}"))
         }
     })?;
     let request = CommandRequest {
@@ -204,8 +193,7 @@ async fn get_events(
         .limit
         .unwrap_or(app.options.max_events_page)
         .clamp(1, app.options.max_events_page);
-    let wants_sse =
-        header_str(&headers, "accept")?.is_some_and(|a| a.contains("text/event-stream"));
+    let wants_sse = header_str(&headers, "accept")?.is_some_and(|a| a.contains("text/event-stream"));
     if !wants_sse {
         let events = svc.events(&id, q.from_version.unwrap_or(1), limit).await?;
         return Ok(axum::Json(events).into_response());
@@ -230,11 +218,7 @@ struct Follow {
 }
 
 /// A live stream of an aggregate's events: what is stored, then each new commit.
-fn follow(
-    svc: Arc<dyn AggregateService>,
-    id: String,
-    from: u64,
-) -> impl Stream<Item = Result<Event, Infallible>> {
+fn follow(svc: Arc<dyn AggregateService>, id: String, from: u64) -> impl Stream<Item = Result<Event, Infallible>> {
     let rx = svc.subscribe();
     let state = Follow {
         svc,
@@ -262,8 +246,7 @@ fn follow(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    let data =
-                        json!({"error": "read_failed", "message": e.to_string()}).to_string();
+                    let data = json!({"error": "read_failed", "message": e.to_string()}).to_string();
                     return Some((Ok(Event::default().event("error").data(data)), None));
                 }
             }
@@ -300,14 +283,9 @@ async fn healthz() -> axum::Json<serde_json::Value> {
 
 async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let parts = app.runtime.partitions();
-    let not_ready: Vec<_> = parts
-        .iter()
-        .filter(|p| p.state != PartitionState::Ready)
-        .collect();
+    let not_ready: Vec<_> = parts.iter().filter(|p| p.state != PartitionState::Ready).collect();
     if not_ready.is_empty() {
-        return Ok(axum::Json(
-            json!({"ready": true, "partitions": parts.len()}),
-        ));
+        return Ok(axum::Json(json!({"ready": true, "partitions": parts.len()})));
     }
     let restoring = not_ready
         .iter()
@@ -317,10 +295,7 @@ async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>,
     let mut err = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "not_ready",
-        format!(
-            "{restoring} partitions restoring, {failed} failed, of {}",
-            parts.len()
-        ),
+        format!("{restoring} partitions restoring, {failed} failed, of {}", parts.len()),
     );
     err.retry_after = Some(Duration::from_secs(1));
     err.extra = Some(json!({"partitions": not_ready}));

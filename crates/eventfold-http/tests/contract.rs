@@ -50,11 +50,7 @@ async fn start_with(options: RuntimeOptions, partitions: u32) -> Server {
             ..Default::default()
         },
     );
-    tokio::spawn(eventfold_http::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
+    tokio::spawn(eventfold_http::serve(listener, router, std::future::pending()));
     Server {
         base,
         runtime,
@@ -87,12 +83,7 @@ impl Server {
     }
 
     async fn get(&self, path: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-        let resp = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
+        let resp = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
         let (status, headers) = (resp.status(), resp.headers().clone());
         (status, headers, resp.json().await.unwrap_or(Value::Null))
     }
@@ -112,46 +103,27 @@ fn assert_error(body: &Value, code: &str) {
 async fn post_command_answers_200_with_outcome_and_replays_it_for_the_same_key() {
     let s = start().await;
     let (st, _, body) = s
-        .post(
-            "c-1",
-            r#"{"type":"Add","n":5}"#,
-            &[("Idempotency-Key", "key-1")],
-        )
+        .post("c-1", r#"{"type":"Add","n":5}"#, &[("Idempotency-Key", "key-1")])
         .await;
     assert_eq!(st, StatusCode::OK, "{body}");
     assert_eq!(body["aggregate_id"], "c-1");
     assert_eq!(body["version"], 1);
     let ev = &body["events"][0];
     assert_eq!(
-        (
-            ev["version"].as_u64(),
-            ev["type"].as_str(),
-            ev["command_id"].as_str()
-        ),
+        (ev["version"].as_u64(), ev["type"].as_str(), ev["command_id"].as_str()),
         (Some(1), Some("Added"), Some("key-1"))
     );
     assert_eq!(ev["payload"], json!({"type": "Added", "n": 5}));
     assert!(ev["timestamp"].as_str().unwrap().ends_with('Z'));
     let pos = eventfold_core::Position::decode(body["position"].as_str().unwrap()).unwrap();
-    assert_eq!(
-        pos.marks().count(),
-        1,
-        "position names the events partition"
-    );
+    assert_eq!(pos.marks().count(), 1, "position names the events partition");
 
     // Same key: the original outcome, nothing executed again.
     let (st2, _, again) = s
-        .post(
-            "c-1",
-            r#"{"type":"Add","n":5}"#,
-            &[("Idempotency-Key", "key-1")],
-        )
+        .post("c-1", r#"{"type":"Add","n":5}"#, &[("Idempotency-Key", "key-1")])
         .await;
     assert_eq!(st2, StatusCode::OK);
-    assert_eq!(
-        again, body,
-        "a replayed key returns the original outcome (I3)"
-    );
+    assert_eq!(again, body, "a replayed key returns the original outcome (I3)");
     let (_, _, state) = s.get("/v1/aggregates/counter/c-1").await;
     assert_eq!(state["version"], 1, "the duplicate wrote nothing");
 
@@ -174,17 +146,11 @@ async fn post_command_bad_input_gets_400_404_413_with_error_bodies() {
         assert_eq!(st, StatusCode::BAD_REQUEST, "{body} -> {b}");
         assert_error(&b, code);
     }
-    let (st, _, b) = s
-        .post("c-1", r#"{"type":"Add","n":1}"#, &[("If-Match", "three")])
-        .await;
+    let (st, _, b) = s.post("c-1", r#"{"type":"Add","n":1}"#, &[("If-Match", "three")]).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "invalid_if_match");
     let (st, _, b) = s
-        .post(
-            "c-1",
-            r#"{"type":"Add","n":1}"#,
-            &[("Idempotency-Key", "has space")],
-        )
+        .post("c-1", r#"{"type":"Add","n":1}"#, &[("Idempotency-Key", "has space")])
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "bad_request");
@@ -206,41 +172,25 @@ async fn post_command_bad_input_gets_400_404_413_with_error_bodies() {
     let (st, _, b) = s.post("c-1", &big, &[]).await;
     assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE);
     assert_error(&b, "payload_too_large");
-    assert!(
-        b["message"].as_str().unwrap().contains("1024"),
-        "names the limit: {b}"
-    );
+    assert!(b["message"].as_str().unwrap().contains("1024"), "names the limit: {b}");
 
     // Nothing of the bad requests was written; the service still works.
-    assert_eq!(
-        s.get("/v1/aggregates/counter/c-1").await.0,
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        s.post("c-1", r#"{"type":"Add","n":1}"#, &[]).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(s.get("/v1/aggregates/counter/c-1").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(s.post("c-1", r#"{"type":"Add","n":1}"#, &[]).await.0, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_match_gets_412_on_mismatch_and_rejections_get_422() {
     let s = start().await;
-    assert_eq!(
-        s.post("c-2", r#"{"type":"Add","n":60}"#, &[]).await.0,
-        StatusCode::OK
-    );
-    let (st, _, b) = s
-        .post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"5\"")])
-        .await;
+    assert_eq!(s.post("c-2", r#"{"type":"Add","n":60}"#, &[]).await.0, StatusCode::OK);
+    let (st, _, b) = s.post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"5\"")]).await;
     assert_eq!(st, StatusCode::PRECONDITION_FAILED);
     assert_error(&b, "version_mismatch");
     assert_eq!(
         (b["expected_version"].as_u64(), b["actual_version"].as_u64()),
         (Some(5), Some(1))
     );
-    let (st, _, b) = s
-        .post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"1\"")])
-        .await;
+    let (st, _, b) = s.post("c-2", r#"{"type":"Add","n":1}"#, &[("If-Match", "\"1\"")]).await;
     assert_eq!((st, b["version"].as_u64()), (StatusCode::OK, Some(2)));
     // If-Match "0": only while the aggregate does not exist.
     assert_eq!(
@@ -257,11 +207,7 @@ async fn if_match_gets_412_on_mismatch_and_rejections_get_422() {
     );
 
     let (st, _, b) = s
-        .post(
-            "c-2",
-            r#"{"type":"Add","n":50}"#,
-            &[("Idempotency-Key", "too-much")],
-        )
+        .post("c-2", r#"{"type":"Add","n":50}"#, &[("Idempotency-Key", "too-much")])
         .await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
     assert_error(&b, "limit_exceeded");
@@ -274,13 +220,15 @@ async fn if_match_gets_412_on_mismatch_and_rejections_get_422() {
     let (_, _, state) = s.get("/v1/aggregates/counter/c-2").await;
     assert_eq!(state["version"], 2);
     let (st, _, again) = s
-        .post(
-            "c-2",
-            r#"{"type":"Add","n":1}"#,
-            &[("Idempotency-Key", "too-much")],
-        )
+        .post("c-2", r#"{"type":"Add","n":1}"#, &[("Idempotency-Key", "too-much")])
         .await;
     assert_eq!((st, again), (StatusCode::UNPROCESSABLE_ENTITY, b));
+    // A rejected first command leaves no aggregate behind.
+    assert_eq!(
+        s.post("c-never", r#"{"type":"Add","n":500}"#, &[]).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(s.get("/v1/aggregates/counter/c-never").await.0, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,10 +252,7 @@ async fn overload_gets_503_with_retry_after() {
                 .send()
                 .await
                 .unwrap();
-            let retry = r
-                .headers()
-                .get("retry-after")
-                .map(|v| v.to_str().unwrap().to_owned());
+            let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
             (r.status(), retry, r.json::<Value>().await.unwrap())
         }));
     }
@@ -339,27 +284,15 @@ async fn slow_outcome_gets_504_and_a_retry_with_the_same_key_is_safe() {
     )
     .await;
     let (st, _, b) = s
-        .post(
-            "c-3",
-            r#"{"type":"Slow","ms":400}"#,
-            &[("Idempotency-Key", "slow-1")],
-        )
+        .post("c-3", r#"{"type":"Slow","ms":400}"#, &[("Idempotency-Key", "slow-1")])
         .await;
     assert_eq!(st, StatusCode::GATEWAY_TIMEOUT);
     assert_error(&b, "outcome_unknown");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (st, _, b) = s
-        .post(
-            "c-3",
-            r#"{"type":"Slow","ms":400}"#,
-            &[("Idempotency-Key", "slow-1")],
-        )
+        .post("c-3", r#"{"type":"Slow","ms":400}"#, &[("Idempotency-Key", "slow-1")])
         .await;
-    assert_eq!(
-        st,
-        StatusCode::OK,
-        "the retry gets the stored outcome at once: {b}"
-    );
+    assert_eq!(st, StatusCode::OK, "the retry gets the stored outcome at once: {b}");
     let m = s.runtime.aggregate("counter").unwrap().metrics();
     assert_eq!(
         m.counted(eventfold_runtime::metrics::CommandOutcome::Duplicate),
@@ -397,8 +330,7 @@ async fn get_state_has_etag_and_404s() {
 async fn get_events_reads_from_version_and_400s_on_bad_query() {
     let s = start().await;
     for n in 1..=5 {
-        s.post("c-5", &format!(r#"{{"type":"Add","n":{n}}}"#), &[])
-            .await;
+        s.post("c-5", &format!(r#"{{"type":"Add","n":{n}}}"#), &[]).await;
     }
     let (st, _, b) = s.get("/v1/aggregates/counter/c-5/events").await;
     assert_eq!(st, StatusCode::OK);
@@ -409,19 +341,10 @@ async fn get_events_reads_from_version_and_400s_on_bad_query() {
         .map(|e| e["version"].as_u64().unwrap())
         .collect();
     assert_eq!(versions, vec![1, 2, 3, 4, 5]);
-    for key in [
-        "version",
-        "type",
-        "id",
-        "command_id",
-        "timestamp",
-        "payload",
-    ] {
+    for key in ["version", "type", "id", "command_id", "timestamp", "payload"] {
         assert!(b[0].get(key).is_some(), "event has {key}: {}", b[0]);
     }
-    let (_, _, b) = s
-        .get("/v1/aggregates/counter/c-5/events?from_version=4")
-        .await;
+    let (_, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=4").await;
     assert_eq!(
         b.as_array()
             .unwrap()
@@ -430,15 +353,11 @@ async fn get_events_reads_from_version_and_400s_on_bad_query() {
             .collect::<Vec<_>>(),
         vec![4, 5]
     );
-    let (_, _, b) = s
-        .get("/v1/aggregates/counter/c-5/events?from_version=2&limit=2")
-        .await;
+    let (_, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=2&limit=2").await;
     assert_eq!(b.as_array().unwrap().len(), 2);
     let (_, _, b) = s.get("/v1/aggregates/counter/never/events").await;
     assert_eq!(b, json!([]));
-    let (st, _, b) = s
-        .get("/v1/aggregates/counter/c-5/events?from_version=abc")
-        .await;
+    let (st, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=abc").await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_error(&b, "invalid_query");
 }
@@ -449,10 +368,7 @@ async fn events_follow_live_over_sse() {
     s.post("c-6", r#"{"type":"Add","n":1}"#, &[]).await;
     let resp = s
         .client
-        .get(format!(
-            "{}/v1/aggregates/counter/c-6/events?from_version=1",
-            s.base
-        ))
+        .get(format!("{}/v1/aggregates/counter/c-6/events?from_version=1", s.base))
         .header("Accept", "text/event-stream")
         .send()
         .await
@@ -491,9 +407,7 @@ async fn events_follow_live_over_sse() {
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
     assert_eq!(
-        data.iter()
-            .map(|e| e["version"].as_u64().unwrap())
-            .collect::<Vec<_>>(),
+        data.iter().map(|e| e["version"].as_u64().unwrap()).collect::<Vec<_>>(),
         vec![1, 2, 3],
         "{text}"
     );
@@ -569,10 +483,7 @@ async fn corrupt_state_stops_its_partition_only() {
         .map(|i| format!("other-{i}"))
         .find(|id| part(id) != part(bad))
         .unwrap();
-    assert_eq!(
-        s.post(&other, r#"{"type":"Add","n":1}"#, &[]).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(s.post(&other, r#"{"type":"Add","n":1}"#, &[]).await.0, StatusCode::OK);
     // Flip the stored state of `victim` on disk, as a bad sector would.
     s.runtime
         .log()

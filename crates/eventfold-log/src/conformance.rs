@@ -92,11 +92,7 @@ pub async fn appends_get_contiguous_offsets_per_partition(factory: &dyn Factory,
         ..Default::default()
     };
     let r = log.commit(unit).await.unwrap();
-    let want = if p1 == 0 {
-        vec![0, 1, 2]
-    } else {
-        vec![0, 1, 0]
-    };
+    let want = if p1 == 0 { vec![0, 1, 2] } else { vec![0, 1, 0] };
     assert_eq!(r.offsets, want, "offsets of the first unit");
     let r = log
         .commit(CommitUnit {
@@ -139,9 +135,7 @@ pub async fn records_round_trip_with_headers_and_timestamps(factory: &dyn Factor
 pub async fn read_respects_from_and_max(factory: &dyn Factory, prefix: &str) {
     let log = factory.open().await;
     let t = topic(prefix, "window");
-    let appends = (0..10)
-        .map(|i| append(&t, 0, rec("k", &i.to_string(), 1)))
-        .collect();
+    let appends = (0..10).map(|i| append(&t, 0, rec("k", &i.to_string(), 1))).collect();
     log.commit(CommitUnit {
         appends,
         ..Default::default()
@@ -152,14 +146,8 @@ pub async fn read_respects_from_and_max(factory: &dyn Factory, prefix: &str) {
     let offs: Vec<u64> = got.iter().map(|(o, _)| *o).collect();
     assert_eq!(offs, vec![3, 4, 5, 6]);
     assert_eq!(got[0].1.value, b"3");
-    assert!(
-        log.read(&t, 0, 10, 4).await.unwrap().is_empty(),
-        "read at the end"
-    );
-    assert!(
-        log.read(&t, 0, 99, 4).await.unwrap().is_empty(),
-        "read past the end"
-    );
+    assert!(log.read(&t, 0, 10, 4).await.unwrap().is_empty(), "read at the end");
+    assert!(log.read(&t, 0, 99, 4).await.unwrap().is_empty(), "read past the end");
 }
 
 /// Consumed offsets commit with the unit.
@@ -180,10 +168,7 @@ pub async fn consumed_offsets_are_committed_with_the_unit(factory: &dyn Factory,
         ..Default::default()
     };
     log.commit(unit).await.unwrap();
-    assert_eq!(
-        log.committed_offset(&group, &input, 0).await.unwrap(),
-        Some(17)
-    );
+    assert_eq!(log.committed_offset(&group, &input, 0).await.unwrap(), Some(17));
 }
 
 /// `CommitUnit::local` is in the store once the commit returns.
@@ -207,10 +192,7 @@ pub async fn local_changes_are_committed_with_the_unit(factory: &dyn Factory, pr
         .get_state(&ty, "a-1")
         .unwrap()
         .expect("state row committed with the unit");
-    assert_eq!(
-        (row.version, row.json.as_slice()),
-        (1, br#"{"n":1}"#.as_slice())
-    );
+    assert_eq!((row.version, row.json.as_slice()), (1, br#"{"n":1}"#.as_slice()));
     let ev = log.store().entity_events(&t, b"a-1", 1, 10).unwrap();
     assert_eq!(ev.len(), 1, "entity index committed with the unit");
     assert_eq!(ev[0].record.value, b"e1");
@@ -243,10 +225,7 @@ pub async fn concurrent_commits_lose_and_duplicate_nothing(factory: &dyn Factory
     let mut written: HashMap<(u32, u64), String> = HashMap::new();
     for task in tasks {
         for (p, o, v) in task.await.unwrap() {
-            assert!(
-                written.insert((p, o), v).is_none(),
-                "offset {p}/{o} handed out twice"
-            );
+            assert!(written.insert((p, o), v).is_none(), "offset {p}/{o} handed out twice");
         }
     }
     let mut total = 0;
@@ -294,10 +273,7 @@ pub async fn units_started_in_order_commit_in_order(factory: &dyn Factory, prefi
         "offsets follow the order units were started in"
     );
     let row = log.store().get_state(&ty, "agg").unwrap().unwrap();
-    assert_eq!(
-        row.version, 200,
-        "the last started unit's state is the one stored"
-    );
+    assert_eq!(row.version, 200, "the last started unit's state is the one stored");
 }
 
 /// Records, offsets and local changes survive dropping and reopening the log.
@@ -322,15 +298,9 @@ pub async fn everything_survives_reopen(factory: &dyn Factory, prefix: &str) {
     }
     let log = factory.open().await;
     assert_eq!(log.end_offset(&t, 0).await.unwrap(), 1);
-    assert_eq!(
-        log.read(&t, 0, 0, 10).await.unwrap()[0].1.value,
-        b"persisted"
-    );
+    assert_eq!(log.read(&t, 0, 0, 10).await.unwrap()[0].1.value, b"persisted");
     assert_eq!(log.committed_offset(&group, &t, 0).await.unwrap(), Some(1));
-    assert_eq!(
-        log.store().get_meta(&format!("{prefix}-ckpt")).unwrap(),
-        Some(9)
-    );
+    assert_eq!(log.store().get_meta(&format!("{prefix}-ckpt")).unwrap(), Some(9));
     let r = log
         .commit(CommitUnit {
             appends: vec![append(&t, 0, rec("k", "next", 1))],
@@ -346,22 +316,12 @@ pub async fn partitions_out_of_range_are_errors(factory: &dyn Factory, prefix: &
     let log = factory.open().await;
     let t = topic(prefix, "range");
     let n = log.partitions();
-    assert!(
-        log.read(&t, n, 0, 1).await.is_err(),
-        "read of partition {n}"
-    );
-    assert!(
-        log.end_offset(&t, n).await.is_err(),
-        "end offset of partition {n}"
-    );
+    assert!(log.read(&t, n, 0, 1).await.is_err(), "read of partition {n}");
+    assert!(log.end_offset(&t, n).await.is_err(), "end offset of partition {n}");
     let bad = CommitUnit {
         appends: vec![append(&t, n, rec("k", "v", 1))],
         ..Default::default()
     };
     assert!(log.commit(bad).await.is_err(), "append to partition {n}");
-    assert_eq!(
-        log.end_offset(&t, 0).await.unwrap(),
-        0,
-        "a failed unit writes nothing"
-    );
+    assert_eq!(log.end_offset(&t, 0).await.unwrap(), 0, "a failed unit writes nothing");
 }

@@ -285,8 +285,7 @@ impl Committer {
             });
         }
         for StagedAppend {
-            tp: (topic, partition),
-            ..
+            tp: (topic, partition), ..
         } in &unit.appends
         {
             if *partition >= self.options.partitions {
@@ -349,18 +348,11 @@ impl Log for EmbeddedLog {
         let sent = self.tx.send((Staged::new(unit), tx));
         Box::pin(async move {
             sent.map_err(|_| Error::Closed("committer thread stopped".into()))?;
-            rx.await
-                .map_err(|_| Error::Closed("committer thread stopped".into()))?
+            rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
         })
     }
 
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<(u64, Record)>> {
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         self.check_partition(topic, partition)?;
         Ok(self.store.read_log(topic, partition, from, max)?)
     }
@@ -370,12 +362,7 @@ impl Log for EmbeddedLog {
         Ok(self.store.log_end(topic, partition)?)
     }
 
-    async fn committed_offset(
-        &self,
-        group: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<Option<u64>> {
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.check_partition(topic, partition)?;
         Ok(self.store.get_meta(&offset_key(group, topic, partition))?)
     }

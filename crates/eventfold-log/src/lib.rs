@@ -31,9 +31,7 @@ pub enum Error {
     #[error("commit unit of {bytes} bytes exceeds the limit of {limit} bytes")]
     TooLarge { bytes: usize, limit: usize },
     /// A partition outside `0..partitions`.
-    #[error(
-        "partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)"
-    )]
+    #[error("partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)")]
     NoSuchPartition {
         topic: String,
         partition: u32,
@@ -96,8 +94,7 @@ pub struct Receipt {
 }
 
 /// The pending result of [`Log::commit`].
-pub type CommitFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Receipt>> + Send + 'static>>;
+pub type CommitFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Receipt>> + Send + 'static>>;
 
 /// A partitioned, append-only log with atomic commit units.
 #[async_trait]
@@ -117,22 +114,11 @@ pub trait Log: Send + Sync + 'static {
     /// this to pipeline: they build unit k+1 on the state of unit k before k is durable.
     fn commit(&self, unit: CommitUnit) -> CommitFuture;
     /// Reads up to `max` committed records from `from` on.
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<(u64, Record)>>;
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>>;
     /// The offset after the last committed record.
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64>;
     /// The committed consume offset of `group` for `topic`/`partition`.
-    async fn committed_offset(
-        &self,
-        group: &str,
-        topic: &str,
-        partition: u32,
-    ) -> Result<Option<u64>>;
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
 }
 
 /// The name of the meta entry holding a consumer group's offset.

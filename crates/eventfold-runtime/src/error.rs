@@ -19,9 +19,7 @@ pub enum Error {
     #[error("version mismatch: expected version {expected}, but aggregate is at version {actual}")]
     VersionMismatch { expected: u64, actual: u64 },
     /// The partition is restoring and its wait queue is full (503).
-    #[error(
-        "partition {partition} of `{aggregate}` is restoring ({progress_pct:.0}% done); retry shortly"
-    )]
+    #[error("partition {partition} of `{aggregate}` is restoring ({progress_pct:.0}% done); retry shortly")]
     Restoring {
         aggregate: String,
         partition: u32,
@@ -29,9 +27,7 @@ pub enum Error {
         retry_after: Duration,
     },
     /// The partition's queue is full (503).
-    #[error(
-        "partition {partition} of `{aggregate}` is overloaded ({queued} commands queued); retry shortly"
-    )]
+    #[error("partition {partition} of `{aggregate}` is overloaded ({queued} commands queued); retry shortly")]
     Overloaded {
         aggregate: String,
         partition: u32,

@@ -18,6 +18,4 @@ mod service;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
-pub use service::{
-    AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics,
-};
+pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};

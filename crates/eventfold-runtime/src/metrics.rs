@@ -48,13 +48,9 @@ pub struct Histogram {
 }
 
 /// Commit latency buckets, seconds.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-];
+pub const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 /// Batch size buckets, commands.
-pub const BATCH_BUCKETS: &[f64] = &[
-    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
-];
+pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
 
 impl Histogram {
     /// A histogram with upper bounds `bounds` (ascending) plus +Inf.
@@ -69,14 +65,9 @@ impl Histogram {
 
     /// Records one observation.
     pub fn observe(&self, v: f64) {
-        let i = self
-            .bounds
-            .iter()
-            .position(|b| v <= *b)
-            .unwrap_or(self.bounds.len());
+        let i = self.bounds.iter().position(|b| v <= *b).unwrap_or(self.bounds.len());
         self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((v * 1e6) as u64, Ordering::Relaxed);
+        self.sum_micros.fetch_add((v * 1e6) as u64, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -126,19 +117,13 @@ impl AggregateMetrics {
 
     /// Counts `n` commands with `outcome`.
     pub fn count(&self, outcome: CommandOutcome, n: u64) {
-        let i = CommandOutcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .expect("listed");
+        let i = CommandOutcome::ALL.iter().position(|o| *o == outcome).expect("listed");
         self.outcomes[i].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Commands counted with `outcome`.
     pub fn counted(&self, outcome: CommandOutcome) -> u64 {
-        let i = CommandOutcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .expect("listed");
+        let i = CommandOutcome::ALL.iter().position(|o| *o == outcome).expect("listed");
         self.outcomes[i].load(Ordering::Relaxed)
     }
 

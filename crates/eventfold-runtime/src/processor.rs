@@ -7,9 +7,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::service::{PartitionState, Topics};
 use eventfold_core::envelope::{Accepted, headers};
-use eventfold_core::{
-    Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms,
-};
+use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
 use eventfold_log::{Append, CommitFuture, CommitUnit, Log, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
@@ -60,17 +58,11 @@ impl PartitionShared {
         f64::from(self.progress_permille.load(Ordering::Relaxed)) / 1000.0
     }
     fn set_progress(&self, fraction: f64) {
-        self.progress_permille.store(
-            (fraction.clamp(0.0, 1.0) * 1000.0) as u32,
-            Ordering::Relaxed,
-        );
+        self.progress_permille
+            .store((fraction.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
     }
     pub fn failure(&self) -> String {
-        self.failure
-            .lock()
-            .expect("not poisoned")
-            .clone()
-            .unwrap_or_default()
+        self.failure.lock().expect("not poisoned").clone().unwrap_or_default()
     }
 }
 
@@ -90,6 +82,9 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
 struct Cached<A> {
     version: u64,
     state: A,
+    /// The version when this batch loaded it: unchanged aggregates are not written (a
+    /// rejected command on a new aggregate leaves nothing behind).
+    loaded_version: u64,
 }
 
 /// What a command in the batch will be answered with.
@@ -267,21 +262,17 @@ impl<A: Aggregate> Processor<A> {
     async fn sweep_dedup(&mut self) -> Result<()> {
         let before = self.clock.now_ms() - self.cfg.dedup_window_ms;
         loop {
-            let expired =
-                self.log
-                    .store()
-                    .expired_dedup(A::TYPE, self.cfg.partition, before, 10_000)?;
+            let expired = self
+                .log
+                .store()
+                .expired_dedup(A::TYPE, self.cfg.partition, before, 10_000)?;
             if expired.is_empty() {
                 return Ok(());
             }
             let mut local = Batch::new();
             for (ts, id) in &expired {
                 // An id reused after it expired has a newer record: keep that one.
-                match self
-                    .log
-                    .store()
-                    .get_dedup(A::TYPE, self.cfg.partition, id)?
-                {
+                match self.log.store().get_dedup(A::TYPE, self.cfg.partition, id)? {
                     Some(row) if row.timestamp_ms != *ts => {
                         local.delete_dedup_expiry(A::TYPE, self.cfg.partition, id, *ts)
                     }
@@ -323,11 +314,7 @@ impl<A: Aggregate> Processor<A> {
     }
 
     /// A stored outcome for `command_id`, if one is within the dedup window.
-    fn stored_outcome(
-        &self,
-        command_id: &str,
-        now: i64,
-    ) -> std::result::Result<Option<Outcome>, String> {
+    fn stored_outcome(&self, command_id: &str, now: i64) -> std::result::Result<Option<Outcome>, String> {
         let Some(row) = self
             .log
             .store()
@@ -498,13 +485,9 @@ impl<A: Aggregate> Processor<A> {
             .filter(|s| matches!(s.pending, Pending::Written { .. }))
             .count();
         let mut touched = Vec::with_capacity(working.len());
-        for (id, c) in &working {
-            unit.local
-                .put_state(A::TYPE, id, c.version, &codec::to_json(&c.state));
+        for (id, c) in working.iter().filter(|(_, c)| c.version != c.loaded_version) {
+            unit.local.put_state(A::TYPE, id, c.version, &codec::to_json(&c.state));
             touched.push((Arc::from(id.as_str()), c.version));
-        }
-        if self.cache.len() + working.len() > self.cfg.cache_limit {
-            self.cache.clear();
         }
         self.cache.extend(working);
         let seq = self.inflight_base + self.inflight.len() as u64;
@@ -535,6 +518,11 @@ impl<A: Aggregate> Processor<A> {
         let p = self.cfg.partition;
         for id in &done.commands {
             self.inflight_ids.remove(id);
+        }
+        // Evict only when nothing is in flight: then the store holds every cached state,
+        // and reloading from it cannot go back to a version that is still committing.
+        if self.inflight.is_empty() && self.cache.len() > self.cfg.cache_limit {
+            self.cache.clear();
         }
         let receipt = match result {
             Ok(r) => r,
@@ -575,10 +563,7 @@ impl<A: Aggregate> Processor<A> {
         for slot in done.slots {
             let (result, counted) = match slot.pending {
                 Pending::Ready(r, o) => (r, o),
-                Pending::Written {
-                    mut outcome,
-                    appends,
-                } => {
+                Pending::Written { mut outcome, appends } => {
                     let counted = match &mut outcome {
                         Outcome::Accepted(a) => {
                             let end = match (&receipt, appends.is_empty()) {
@@ -614,20 +599,26 @@ impl<A: Aggregate> Processor<A> {
                 Some(c) => Cached {
                     version: c.version,
                     state: c.state.clone(),
+                    loaded_version: c.version,
                 },
                 None => match self.log.store().get_state(A::TYPE, id) {
                     Ok(Some(row)) => {
                         let state = serde_json::from_slice::<A>(&row.json).map_err(|e| {
-                            format!("corrupt record in table `state` at key {}/{id}: state does not decode: {e}", A::TYPE)
+                            format!(
+                                "corrupt record in table `state` at key {}/{id}: state does not decode: {e}",
+                                A::TYPE
+                            )
                         })?;
                         Cached {
                             version: row.version,
                             state,
+                            loaded_version: row.version,
                         }
                     }
                     Ok(None) => Cached {
                         version: 0,
                         state: A::default(),
+                        loaded_version: 0,
                     },
                     Err(e) => return Err(e.to_string()),
                 },
@@ -656,9 +647,8 @@ fn event_record<A: Aggregate>(
 ) -> (EventView, Append) {
     let (event_type, json) = codec::encode_event(event);
     let event_id = uuid::Uuid::now_v7().to_string();
-    let payload =
-        RawValue::from_string(String::from_utf8(json.clone()).expect("serde_json writes UTF-8"))
-            .expect("serde_json writes JSON");
+    let payload = RawValue::from_string(String::from_utf8(json.clone()).expect("serde_json writes UTF-8"))
+        .expect("serde_json writes JSON");
     let record = Record {
         key: ids.aggregate.as_bytes().to_vec(),
         value: json,

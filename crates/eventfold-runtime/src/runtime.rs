@@ -56,9 +56,7 @@ impl Default for RuntimeOptions {
     }
 }
 
-type Starter = Box<
-    dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>) -> Arc<dyn AggregateService> + Send,
->;
+type Starter = Box<dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>) -> Arc<dyn AggregateService> + Send>;
 
 /// Registers aggregate types, then starts their processors.
 pub struct RuntimeBuilder {
@@ -81,10 +79,8 @@ impl RuntimeBuilder {
             "aggregate type `{}` registered twice",
             A::TYPE
         );
-        eventfold_store::Store::check_key("aggregate type", A::TYPE)
-            .expect("aggregate type names must be valid keys");
-        let starter: Starter =
-            Box::new(move |log, options, clock| start::<A>(log, options, clock, config));
+        eventfold_store::Store::check_key("aggregate type", A::TYPE).expect("aggregate type names must be valid keys");
+        let starter: Starter = Box::new(move |log, options, clock| start::<A>(log, options, clock, config));
         self.starters.push((A::TYPE, starter));
         self
     }
@@ -164,10 +160,7 @@ pub struct Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field(
-                "aggregates",
-                &self.inner.services.keys().collect::<Vec<_>>(),
-            )
+            .field("aggregates", &self.inner.services.keys().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -207,29 +200,19 @@ impl Runtime {
 
     /// Every partition of every aggregate type.
     pub fn partitions(&self) -> Vec<PartitionReport> {
-        self.inner
-            .services
-            .values()
-            .flat_map(|s| s.partitions())
-            .collect()
+        self.inner.services.values().flat_map(|s| s.partitions()).collect()
     }
 
     /// Whether every partition has restored (and none failed).
     pub fn is_ready(&self) -> bool {
-        self.partitions()
-            .iter()
-            .all(|p| p.state == PartitionState::Ready)
+        self.partitions().iter().all(|p| p.state == PartitionState::Ready)
     }
 
     /// Waits until every partition is out of `Restoring` (or `timeout` passes).
     pub async fn wait_restored(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if self
-                .partitions()
-                .iter()
-                .all(|p| p.state != PartitionState::Restoring)
-            {
+            if self.partitions().iter().all(|p| p.state != PartitionState::Restoring) {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {

@@ -6,9 +6,7 @@ use crate::processor::{Job, PartitionShared};
 use crate::runtime::RuntimeOptions;
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;
-use eventfold_core::{
-    Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms,
-};
+use eventfold_core::{Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms};
 use eventfold_log::Log;
 use eventfold_store::EntityEvent;
 use serde::Serialize;
@@ -132,8 +130,7 @@ pub fn check_id(id: &str) -> Result<()> {
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > 256 || !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(Error::BadRequest(
-            "invalid Idempotency-Key: expected 1 to 256 printable ASCII characters without spaces"
-                .into(),
+            "invalid Idempotency-Key: expected 1 to 256 printable ASCII characters without spaces".into(),
         ));
     }
     Ok(())
@@ -161,10 +158,7 @@ pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
             .ok_or_else(|| corrupt("missing ef-type header"))?
             .to_owned(),
         id: r.header_str(headers::ID).unwrap_or_default().to_owned(),
-        command_id: r
-            .header_str(headers::COMMAND_ID)
-            .unwrap_or_default()
-            .to_owned(),
+        command_id: r.header_str(headers::COMMAND_ID).unwrap_or_default().to_owned(),
         timestamp: rfc3339_ms(r.timestamp_ms),
         payload,
     })
@@ -216,9 +210,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             _ => {}
         }
         let keyed = req.idempotency_key.is_some();
-        let command_id = req
-            .idempotency_key
-            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let command_id = req.idempotency_key.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let (reply, rx) = oneshot::channel();
         let job = Job {
             aggregate_id: req.aggregate_id,
@@ -272,15 +264,11 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
 
     async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>> {
         check_id(id)?;
-        let rows = self.log.store().entity_events(
-            &self.topics.events,
-            id.as_bytes(),
-            from_version.max(1),
-            max,
-        )?;
-        rows.iter()
-            .map(|e| event_view(&self.topics.events, e))
-            .collect()
+        let rows = self
+            .log
+            .store()
+            .entity_events(&self.topics.events, id.as_bytes(), from_version.max(1), max)?;
+        rows.iter().map(|e| event_view(&self.topics.events, e)).collect()
     }
 
     fn subscribe(&self) -> broadcast::Receiver<(Arc<str>, u64)> {

@@ -6,9 +6,7 @@ use eventfold_core::testing::{Counter, CounterEvent};
 use eventfold_core::{Aggregate, Outcome, Record};
 use eventfold_log::embedded::{EmbeddedLog, Options};
 use eventfold_log::{CommitFuture, CommitUnit, Log};
-use eventfold_runtime::{
-    CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions,
-};
+use eventfold_runtime::{CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -80,6 +78,8 @@ async fn concurrent_commands_keep_versions_contiguous_and_state_equal_to_the_fol
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::builder(RuntimeOptions {
         max_batch: 7,
+        // A tiny cache: evictions happen while batches are in flight.
+        cache_limit: 3,
         ..Default::default()
     })
     .aggregate::<Counter>(())
@@ -128,11 +128,7 @@ async fn concurrent_commands_keep_versions_contiguous_and_state_equal_to_the_fol
             "state of {id} is the fold of its events"
         );
         let acks = acked.remove(&id).unwrap_or_default();
-        assert_eq!(
-            acks.len(),
-            events.len(),
-            "one event per accepted command of {id}"
-        );
+        assert_eq!(acks.len(), events.len(), "one event per accepted command of {id}");
         for (key, v) in acks {
             assert_eq!(
                 events[(v - 1) as usize].command_id,
@@ -233,12 +229,7 @@ impl Log for GatedLog {
         let _permit = self.gate.acquire().await.unwrap();
         self.inner.end_offset(topic, partition).await
     }
-    async fn committed_offset(
-        &self,
-        group: &str,
-        topic: &str,
-        partition: u32,
-    ) -> eventfold_log::Result<Option<u64>> {
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> eventfold_log::Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }
 }
@@ -255,17 +246,11 @@ async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
         restore_queue_limit: 2,
         ..Default::default()
     };
-    let rt = Runtime::builder(options)
-        .aggregate::<Counter>(())
-        .build(log);
+    let rt = Runtime::builder(options).aggregate::<Counter>(()).build(log);
     let svc = rt.aggregate("counter").unwrap().clone();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!rt.is_ready());
-    assert!(
-        rt.partitions()
-            .iter()
-            .all(|p| p.state == PartitionState::Restoring)
-    );
+    assert!(rt.partitions().iter().all(|p| p.state == PartitionState::Restoring));
 
     let waiting: Vec<_> = (0..2)
         .map(|i| {

@@ -20,10 +20,7 @@ pub fn frame(payload: &[u8]) -> Vec<u8> {
 /// Checks a frame and returns its payload.
 pub fn unframe(bytes: &[u8]) -> Result<&[u8], String> {
     if bytes.len() < 5 {
-        return Err(format!(
-            "value of {} bytes is shorter than a frame header",
-            bytes.len()
-        ));
+        return Err(format!("value of {} bytes is shorter than a frame header", bytes.len()));
     }
     let stored = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     let actual = crc32fast::hash(&bytes[4..]);
@@ -49,34 +46,23 @@ impl<'a> Reader<'a> {
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if self.buf.len() < n {
-            return Err(format!(
-                "truncated: wanted {n} bytes, {} left",
-                self.buf.len()
-            ));
+            return Err(format!("truncated: wanted {n} bytes, {} left", self.buf.len()));
         }
         let (head, tail) = self.buf.split_at(n);
         self.buf = tail;
         Ok(head)
     }
     pub fn u16(&mut self) -> Result<u16, String> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
     pub fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
     pub fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     pub fn i64(&mut self) -> Result<i64, String> {
-        Ok(i64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     pub fn bytes32(&mut self) -> Result<&'a [u8], String> {
         let n = self.u32()? as usize;
@@ -98,12 +84,7 @@ impl<'a> Reader<'a> {
 /// keylen u32, key | vlen u32, value`.
 pub fn encode_record(r: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(
-        32 + r.key.len()
-            + r.value.len()
-            + r.headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 6)
-                .sum::<usize>(),
+        32 + r.key.len() + r.value.len() + r.headers.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>(),
     );
     out.extend_from_slice(&r.timestamp_ms.to_le_bytes());
     let n = u16::try_from(r.headers.len()).expect("at most 65535 headers");
@@ -130,8 +111,7 @@ pub fn decode_record(buf: &[u8]) -> Result<Record, String> {
     let mut headers = Vec::with_capacity(n as usize);
     for _ in 0..n {
         let kl = r.u16()? as usize;
-        let k =
-            std::str::from_utf8(r.take(kl)?).map_err(|_| "header name is not UTF-8".to_owned())?;
+        let k = std::str::from_utf8(r.take(kl)?).map_err(|_| "header name is not UTF-8".to_owned())?;
         let v = r.bytes32()?;
         headers.push((k.to_owned(), v.to_vec()));
     }
@@ -155,10 +135,7 @@ mod tests {
         let r = Record {
             key: b"o-1".to_vec(),
             value: br#"{"type":"X"}"#.to_vec(),
-            headers: vec![
-                ("ef-type".into(), b"X".to_vec()),
-                ("ef-version".into(), b"3".to_vec()),
-            ],
+            headers: vec![("ef-type".into(), b"X".to_vec()), ("ef-version".into(), b"3".to_vec())],
             timestamp_ms: 1_700_000_000_000,
         };
         let framed = frame(&encode_record(&r));
@@ -172,10 +149,7 @@ mod tests {
             for bit in 0..8 {
                 let mut bad = framed.clone();
                 bad[i] ^= 1 << bit;
-                assert!(
-                    unframe(&bad).is_err(),
-                    "flip of byte {i} bit {bit} went unnoticed"
-                );
+                assert!(unframe(&bad).is_err(), "flip of byte {i} bit {bit} went unnoticed");
             }
         }
         assert!(unframe(&framed[..3]).is_err());

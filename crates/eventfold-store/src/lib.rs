@@ -12,9 +12,7 @@ mod codec;
 mod store;
 
 pub use codec::{decode_record, encode_record};
-pub use store::{
-    Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table,
-};
+pub use store::{Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table};
 
 /// Errors of the local store.
 #[derive(Debug, thiserror::Error)]

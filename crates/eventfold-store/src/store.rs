@@ -111,9 +111,7 @@ impl std::fmt::Debug for Store {
 
 fn check_component(what: &str, s: &[u8]) -> Result<()> {
     if s.is_empty() || s.contains(&0) || s.len() > 1024 {
-        return Err(Error::InvalidKey(format!(
-            "{what} must be 1..=1024 bytes without NUL"
-        )));
+        return Err(Error::InvalidKey(format!("{what} must be 1..=1024 bytes without NUL")));
     }
     Ok(())
 }
@@ -245,25 +243,12 @@ impl Batch {
     }
 
     /// Appends a record encoded beforehand (so a single writer thread only builds keys).
-    pub fn put_log_encoded(
-        &mut self,
-        topic: &str,
-        partition: u32,
-        offset: u64,
-        record: EncodedRecord,
-    ) {
+    pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
         self.put(Table::Log, log_key(topic, partition, offset), record.0);
     }
 
     /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
-    pub fn put_entity(
-        &mut self,
-        topic: &str,
-        entity: &[u8],
-        version: u64,
-        partition: u32,
-        offset: u64,
-    ) {
+    pub fn put_entity(&mut self, topic: &str, entity: &[u8], version: u64, partition: u32, offset: u64) {
         let mut k = entity_prefix(topic, entity);
         k.extend_from_slice(&version.to_be_bytes());
         let mut v = Vec::with_capacity(12);
@@ -277,22 +262,11 @@ impl Batch {
         let mut v = Vec::with_capacity(8 + json.len());
         v.extend_from_slice(&version.to_le_bytes());
         v.extend_from_slice(json);
-        self.put(
-            Table::State,
-            key2(agg_type.as_bytes(), id.as_bytes()),
-            frame(&v),
-        );
+        self.put(Table::State, key2(agg_type.as_bytes(), id.as_bytes()), frame(&v));
     }
 
     /// Records the outcome of `command_id`, expiring from `timestamp_ms` + window.
-    pub fn put_dedup(
-        &mut self,
-        agg_type: &str,
-        partition: u32,
-        command_id: &str,
-        timestamp_ms: i64,
-        outcome: &[u8],
-    ) {
+    pub fn put_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64, outcome: &[u8]) {
         let prefix = dedup_prefix(agg_type, partition);
         let mut k = prefix.clone();
         k.extend_from_slice(command_id.as_bytes());
@@ -307,13 +281,7 @@ impl Batch {
     }
 
     /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
-    pub fn delete_dedup(
-        &mut self,
-        agg_type: &str,
-        partition: u32,
-        command_id: &str,
-        timestamp_ms: i64,
-    ) {
+    pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
         let mut k = dedup_prefix(agg_type, partition);
         k.extend_from_slice(command_id.as_bytes());
         self.delete(Table::Dedup, k);
@@ -322,13 +290,7 @@ impl Batch {
 
     /// Removes only the expiry entry of `command_id` at `timestamp_ms` (the command id was
     /// recorded again later, so its newer outcome must stay).
-    pub fn delete_dedup_expiry(
-        &mut self,
-        agg_type: &str,
-        partition: u32,
-        command_id: &str,
-        timestamp_ms: i64,
-    ) {
+    pub fn delete_dedup_expiry(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
         let mut ek = dedup_prefix(agg_type, partition);
         ek.extend_from_slice(&ts_key(timestamp_ms));
         ek.extend_from_slice(command_id.as_bytes());
@@ -337,11 +299,7 @@ impl Batch {
 
     /// Sets the checkpoint or offset `name` to `value`.
     pub fn put_meta(&mut self, name: &str, value: u64) {
-        self.put(
-            Table::Meta,
-            name.as_bytes().to_vec(),
-            frame(&value.to_le_bytes()),
-        );
+        self.put(Table::Meta, name.as_bytes().to_vec(), frame(&value.to_le_bytes()));
     }
 }
 
@@ -366,10 +324,7 @@ impl Store {
     }
 
     fn table(&self, t: Table) -> &Keyspace {
-        &self.tables[Table::ALL
-            .iter()
-            .position(|x| *x == t)
-            .expect("every table is opened")]
+        &self.tables[Table::ALL.iter().position(|x| *x == t).expect("every table is opened")]
     }
 
     /// Writes `batch` atomically; with `durable`, fsyncs the journal before returning.
@@ -415,12 +370,7 @@ impl Store {
     }
 
     /// The stored outcome of `command_id`, checksum verified.
-    pub fn get_dedup(
-        &self,
-        agg_type: &str,
-        partition: u32,
-        command_id: &str,
-    ) -> Result<Option<DedupRow>> {
+    pub fn get_dedup(&self, agg_type: &str, partition: u32, command_id: &str) -> Result<Option<DedupRow>> {
         let mut k = dedup_prefix(agg_type, partition);
         k.extend_from_slice(command_id.as_bytes());
         let Some(v) = self.table(Table::Dedup).get(&k)? else {
@@ -450,22 +400,13 @@ impl Store {
         let mut end = prefix.clone();
         end.extend_from_slice(&ts_key(before_ms));
         let mut out = Vec::new();
-        for kv in self
-            .table(Table::DedupExpiry)
-            .range(prefix.clone()..end)
-            .take(max)
-        {
+        for kv in self.table(Table::DedupExpiry).range(prefix.clone()..end).take(max) {
             let k = kv.key()?;
             let rest = &k[prefix.len()..];
             if rest.len() < 8 {
-                return Err(corrupt(
-                    Table::DedupExpiry,
-                    &k,
-                    "key shorter than its timestamp".into(),
-                ));
+                return Err(corrupt(Table::DedupExpiry, &k, "key shorter than its timestamp".into()));
             }
-            let ts =
-                (u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")) ^ (1 << 63)) as i64;
+            let ts = (u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")) ^ (1 << 63)) as i64;
             let id = String::from_utf8(rest[8..].to_vec())
                 .map_err(|_| corrupt(Table::DedupExpiry, &k, "command id is not UTF-8".into()))?;
             out.push((ts, id));
@@ -474,13 +415,7 @@ impl Store {
     }
 
     /// Reads up to `max` log records of `topic`/`partition` from `from` on.
-    pub fn read_log(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<(u64, Record)>> {
+    pub fn read_log(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         let start = log_key(topic, partition, from);
         let end = log_key(topic, partition, u64::MAX);
         let mut out = Vec::with_capacity(max.min(1024));
@@ -511,13 +446,7 @@ impl Store {
 
     /// Events of `entity` in `topic` from version `from_version` on (at most `max`),
     /// through the per-entity index: costs that entity's events, not a scan.
-    pub fn entity_events(
-        &self,
-        topic: &str,
-        entity: &[u8],
-        from_version: u64,
-        max: usize,
-    ) -> Result<Vec<EntityEvent>> {
+    pub fn entity_events(&self, topic: &str, entity: &[u8], from_version: u64, max: usize) -> Result<Vec<EntityEvent>> {
         let prefix = entity_prefix(topic, entity);
         let mut start = prefix.clone();
         start.extend_from_slice(&from_version.to_be_bytes());
@@ -526,10 +455,11 @@ impl Store {
         let mut out = Vec::new();
         for kv in self.table(Table::Entity).range(start..end).take(max) {
             let (k, v) = kv.into_inner()?;
-            let version =
-                u64::from_be_bytes(k[prefix.len()..].try_into().map_err(|_| {
-                    corrupt(Table::Entity, &k, "key does not end in a version".into())
-                })?);
+            let version = u64::from_be_bytes(
+                k[prefix.len()..]
+                    .try_into()
+                    .map_err(|_| corrupt(Table::Entity, &k, "key does not end in a version".into()))?,
+            );
             let (partition, offset) = (|| -> Result<(u32, u64), String> {
                 let mut r = Reader::new(unframe(&v)?);
                 let p = r.u32()?;
@@ -566,9 +496,7 @@ impl Store {
             r.finish()?;
             Ok(x)
         };
-        decode()
-            .map(Some)
-            .map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
+        decode().map(Some).map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
     }
 
     /// Bytes on disk.
@@ -589,11 +517,7 @@ impl Store {
 
 fn offset_of(log_key: &[u8]) -> u64 {
     let n = log_key.len();
-    u64::from_be_bytes(
-        log_key[n - 8..]
-            .try_into()
-            .expect("log keys end in an offset"),
-    )
+    u64::from_be_bytes(log_key[n - 8..].try_into().expect("log keys end in an offset"))
 }
 
 fn decode_framed_record(k: &[u8], v: &[u8]) -> Result<Record> {
@@ -641,10 +565,7 @@ mod tests {
         assert_eq!(s.read_log("t", 1, 1, 10).unwrap(), vec![(1, rec("b"))]);
         let ev = s.entity_events("t", b"k", 2, 10).unwrap();
         assert_eq!(ev.len(), 1);
-        assert_eq!(
-            (ev[0].version, ev[0].record.value.as_slice()),
-            (2, b"b".as_slice())
-        );
+        assert_eq!((ev[0].version, ev[0].record.value.as_slice()), (2, b"b".as_slice()));
         assert_eq!(
             s.get_state("order", "k").unwrap(),
             Some(StateRow {
@@ -652,10 +573,7 @@ mod tests {
                 json: b"{}".to_vec()
             })
         );
-        assert_eq!(
-            s.get_dedup("order", 1, "c1").unwrap().unwrap().timestamp_ms,
-            100
-        );
+        assert_eq!(s.get_dedup("order", 1, "c1").unwrap().unwrap().timestamp_ms, 100);
         assert_eq!(s.get_meta("ckpt").unwrap(), Some(42));
     }
 

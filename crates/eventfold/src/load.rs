@@ -112,11 +112,7 @@ impl LoadOptions {
             "url {:?}: only plain http:// is supported (this build has no TLS)",
             self.url
         );
-        ensure!(
-            !url.cannot_be_a_base(),
-            "url {:?} cannot carry a path",
-            self.url
-        );
+        ensure!(!url.cannot_be_a_base(), "url {:?} cannot carry a path", self.url);
         ensure!(!self.aggregate_type.is_empty(), "aggregate type is empty");
         ensure!(
             (1..=CONCURRENCY_MAX).contains(&self.concurrency),
@@ -183,7 +179,8 @@ pub enum Preset {
 }
 
 impl Preset {
-    pub const SHOP_ORDERS_BODY: &str = r#"{"type":"PlaceOrder","customer_id":"c{worker}","items":[{"sku":"sku-1","qty":1,"price_cents":100}]}"#;
+    pub const SHOP_ORDERS_BODY: &str =
+        r#"{"type":"PlaceOrder","customer_id":"c{worker}","items":[{"sku":"sku-1","qty":1,"price_cents":100}]}"#;
 
     /// Sets the aggregate type, body and id choice of this preset.
     pub fn apply(self, opts: &mut LoadOptions) {
@@ -213,9 +210,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => value * 60.0,
         "h" => value * 3600.0,
         other => {
-            return Err(format!(
-                "invalid duration unit {other:?} (use ms, s, m or h)"
-            ));
+            return Err(format!("invalid duration unit {other:?} (use ms, s, m or h)"));
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("invalid duration {text:?}: {e}"))
@@ -228,10 +223,7 @@ pub async fn run(opts: LoadOptions) -> anyhow::Result<Summary> {
 
 /// Like [`run`], but stops early (finishing requests in flight) once `shutdown` completes;
 /// the summary then says `interrupted`.
-pub async fn run_until(
-    opts: LoadOptions,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Summary> {
+pub async fn run_until(opts: LoadOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<Summary> {
     opts.validate()?;
     let shared = Arc::new(Shared::new(&opts)?);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -436,23 +428,12 @@ impl fmt::Display for Summary {
             ", {} retries, {} warmup requests excluded{}",
             self.retries,
             self.warmup_requests,
-            if self.interrupted {
-                ", interrupted"
-            } else {
-                ""
-            }
+            if self.interrupted { ", interrupted" } else { "" }
         )?;
         writeln!(f)?;
         writeln!(f, "  status      requests")?;
-        let others = self
-            .status
-            .keys()
-            .filter(|code| !STATUS_SHOWN.contains(code));
-        let mut codes: Vec<u16> = STATUS_SHOWN
-            .iter()
-            .copied()
-            .chain(others.copied())
-            .collect();
+        let others = self.status.keys().filter(|code| !STATUS_SHOWN.contains(code));
+        let mut codes: Vec<u16> = STATUS_SHOWN.iter().copied().chain(others.copied()).collect();
         codes.sort_unstable();
         for code in codes {
             writeln!(f, "  {code:<8} {:>11}", self.status_count(code))?;
@@ -522,10 +503,7 @@ enum Response {
 
 /// One HTTP attempt.
 enum Attempt {
-    Status {
-        status: u16,
-        retry_after: Option<Duration>,
-    },
+    Status { status: u16, retry_after: Option<Duration> },
     Error(String),
 }
 
@@ -569,12 +547,7 @@ impl Shared {
         })
     }
 
-    async fn worker(
-        self: Arc<Self>,
-        worker: usize,
-        mut stop: watch::Receiver<bool>,
-        mut rng: StdRng,
-    ) {
+    async fn worker(self: Arc<Self>, worker: usize, mut stop: watch::Receiver<bool>, mut rng: StdRng) {
         loop {
             if *stop.borrow() {
                 return;
@@ -612,13 +585,7 @@ impl Shared {
     }
 
     /// Sends request `n`, retrying with the same idempotency key.
-    async fn execute(
-        &self,
-        n: u64,
-        worker: usize,
-        rng: &mut StdRng,
-        stop: &watch::Receiver<bool>,
-    ) -> (Response, u32) {
+    async fn execute(&self, n: u64, worker: usize, rng: &mut StdRng, stop: &watch::Receiver<bool>) -> (Response, u32) {
         let id = match self.ids {
             Ids::Fresh => format!("{}{}-{n}", self.id_prefix, self.run_id),
             Ids::Random { count } => format!("{}{}", self.id_prefix, rng.random_range(0..count)),
@@ -666,10 +633,7 @@ impl Shared {
         let retry_after = parse_retry_after(response.headers());
         // Read the body to the end so the connection goes back to the pool.
         match response.bytes().await {
-            Ok(_) => Attempt::Status {
-                status,
-                retry_after,
-            },
+            Ok(_) => Attempt::Status { status, retry_after },
             Err(e) => Attempt::Error(error_chain(&e)),
         }
     }
@@ -791,8 +755,7 @@ struct Tally {
 impl Tally {
     fn new() -> Self {
         Self {
-            latency_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3)
-                .expect("constant histogram bounds are valid"),
+            latency_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid"),
             status: BTreeMap::new(),
             requests: 0,
             failed: 0,
@@ -840,11 +803,7 @@ enum Part {
 
 impl Template {
     fn parse(text: &str) -> Self {
-        const PLACEHOLDERS: [(&str, Part); 3] = [
-            ("{id}", Part::Id),
-            ("{n}", Part::N),
-            ("{worker}", Part::Worker),
-        ];
+        const PLACEHOLDERS: [(&str, Part); 3] = [("{id}", Part::Id), ("{n}", Part::N), ("{worker}", Part::Worker)];
         let mut parts = Vec::new();
         let mut literal = String::new();
         let mut rest = text;
@@ -891,13 +850,7 @@ fn backoff(retry: u32, rng: &mut StdRng) -> Duration {
 
 /// `Retry-After` in seconds (HTTP dates are not supported and fall back to backoff).
 fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds: f64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let seconds: f64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
     Duration::try_from_secs_f64(seconds).ok()
 }
 

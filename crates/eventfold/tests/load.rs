@@ -86,11 +86,7 @@ async fn command(
         )
             .into_response(),
         Mode::UnavailableOnFirstAttempt => accepted.into_response(),
-        Mode::Always(status) => (
-            status,
-            Json(json!({"error": "boom", "message": "always fails"})),
-        )
-            .into_response(),
+        Mode::Always(status) => (status, Json(json!({"error": "boom", "message": "always fails"}))).into_response(),
         Mode::FailEveryTenth => {
             let n: u64 = key.rsplit('-').next().unwrap().parse().unwrap();
             if n.is_multiple_of(10) {
@@ -159,10 +155,7 @@ async fn sends_count_requests_each_with_a_distinct_key() {
     assert_eq!(summary.requests, 200);
     assert_eq!(summary.status_count(200), 200);
     assert_eq!(summary.status.len(), 1, "{:?}", summary.status);
-    assert_eq!(
-        (summary.errors, summary.retries, summary.failed()),
-        (0, 0, 0)
-    );
+    assert_eq!((summary.errors, summary.retries, summary.failed()), (0, 0, 0));
     assert_eq!(summary.warmup_requests, 0);
     assert!(summary.throughput_per_s() > 0.0);
     assert!(!summary.interrupted);
@@ -307,16 +300,8 @@ async fn rate_limits_the_offered_load() {
     // Request 99 is due at 99 / 200 = 0.495 s after the start.
     assert!(wall >= Duration::from_millis(450), "{wall:?}");
     assert!(wall < Duration::from_secs(5), "{wall:?}");
-    assert!(
-        summary.elapsed >= Duration::from_millis(450),
-        "{:?}",
-        summary.elapsed
-    );
-    assert!(
-        summary.throughput_per_s() <= 225.0,
-        "{}",
-        summary.throughput_per_s()
-    );
+    assert!(summary.elapsed >= Duration::from_millis(450), "{:?}", summary.elapsed);
+    assert!(summary.throughput_per_s() <= 225.0, "{}", summary.throughput_per_s());
     assert_eq!(summary.requests, 100);
     assert_eq!(server.seen().len(), 100);
     assert_eq!(summary.to_json()["target_rate_per_s"], 200.0);
@@ -357,11 +342,7 @@ async fn warmup_requests_are_sent_but_not_measured() {
     assert!(summary.warmup_requests > 0);
     assert_eq!(server.seen().len() as u64, 50 + summary.warmup_requests);
     assert_eq!(summary.status_count(200), 50);
-    assert!(
-        summary.elapsed < Duration::from_millis(200),
-        "{:?}",
-        summary.elapsed
-    );
+    assert!(summary.elapsed < Duration::from_millis(200), "{:?}", summary.elapsed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,21 +363,13 @@ async fn body_template_and_sequential_ids() {
     let mut numbers = BTreeSet::new();
     for s in &seen {
         assert_eq!(s.aggregate_type, "counter");
-        assert_eq!(
-            s.body["id"].as_str().unwrap(),
-            s.id,
-            "{{id}} matches the path"
-        );
+        assert_eq!(s.body["id"].as_str().unwrap(), s.id, "{{id}} matches the path");
         let n = s.body["n"].as_u64().unwrap();
         assert_eq!(s.id, format!("ctr-{}", n % 5), "sequential ids cycle");
         assert!(s.body["worker"].as_u64().unwrap() < 8);
         numbers.insert(n);
     }
-    assert_eq!(
-        numbers,
-        (0..200).collect(),
-        "{{n}} is the global sequence number"
-    );
+    assert_eq!(numbers, (0..200).collect(), "{{n}} is the global sequence number");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

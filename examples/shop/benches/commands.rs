@@ -99,17 +99,12 @@ fn main() {
         .unwrap();
     eprintln!(
         "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, {} cores",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let mut results: Vec<(f64, Vec<u64>)> = (0..runs)
         .map(|_| rt.block_on(run_once(concurrency, seconds, fsync)))
         .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (tput, pcts) = &results[results.len() / 2];
-    println!(
-        "median: {tput:.0} commands/s (p50 {} us, p99 {} us)",
-        pcts[0], pcts[1]
-    );
+    println!("median: {tput:.0} commands/s (p50 {} us, p99 {} us)", pcts[0], pcts[1]);
 }

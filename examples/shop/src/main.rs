@@ -36,9 +36,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => rt.block_on(serve(cli.serve)),
     }
@@ -51,19 +49,12 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.http))?;
     let addr = listener.local_addr()?;
-    let restored = shop
-        .runtime
-        .wait_restored(std::time::Duration::from_secs(300))
-        .await;
+    let restored = shop.runtime.wait_restored(std::time::Duration::from_secs(300)).await;
     eprintln!(
         "shop: serving http://{addr} (embedded log in {}, {} partitions; {} in {} ms)",
         opts.data_dir().display(),
         opts.partitions,
-        if restored {
-            "restored"
-        } else {
-            "still restoring"
-        },
+        if restored { "restored" } else { "still restoring" },
         started.elapsed().as_millis()
     );
     eprintln!(
@@ -71,8 +62,8 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     );
     let shutdown = async {
         let ctrl_c = tokio::signal::ctrl_c();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -80,14 +80,10 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         );
     }
     if opts.partitions == 0 || opts.partitions > 1024 {
-        bail!(
-            "--partitions must be between 1 and 1024, got {}",
-            opts.partitions
-        );
+        bail!("--partitions must be between 1 and 1024, got {}", opts.partitions);
     }
     let dir = opts.data_dir();
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
     let store = Store::open(&dir, &StoreOptions::default())
         .with_context(|| format!("cannot open the store in {}", dir.display()))?;
     let log = EmbeddedLog::open(

@@ -109,12 +109,8 @@ impl Server {
             .append(true)
             .open(&self.stderr_path)
             .expect("open the stderr file");
-        writeln!(
-            log,
-            "=== crash test: start #{} on port {} ===",
-            self.starts, self.port
-        )
-        .expect("write the stderr file");
+        writeln!(log, "=== crash test: start #{} on port {} ===", self.starts, self.port)
+            .expect("write the stderr file");
         let mut cmd = Command::new(&self.bin);
         for (name, _) in std::env::vars_os() {
             let name = name.to_string_lossy();
@@ -350,16 +346,7 @@ async fn client(i: usize, seed: u64, http: reqwest::Client, shared: Arc<Shared>)
         let order = order_id(n);
         let key = format!("ck-{i}-{}", sent.len());
         let mut attempts = 0;
-        let answer = submit(
-            &http,
-            &shared,
-            &mut rng,
-            &order,
-            &key,
-            &command,
-            &mut attempts,
-        )
-        .await;
+        let answer = submit(&http, &shared, &mut rng, &order, &key, &command, &mut attempts).await;
         sent.push(Sent {
             key,
             order,
@@ -375,11 +362,7 @@ async fn client(i: usize, seed: u64, http: reqwest::Client, shared: Arc<Shared>)
 // Checks.
 
 async fn get(http: &reqwest::Client, url: &str) -> (u16, Value) {
-    let resp = http
-        .get(url)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let resp = http.get(url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
     let status = resp.status().as_u16();
     let body = resp
         .json::<Value>()
@@ -445,9 +428,7 @@ async fn check_order(
             ));
         }
         if e["payload"]["type"] != e["type"] {
-            failures.push(format!(
-                "{order} v{expected}: type differs from payload type: {e}"
-            ));
+            failures.push(format!("{order} v{expected}: type differs from payload type: {e}"));
         }
         match serde_json::from_value::<OrderEvent>(e["payload"].clone()) {
             Ok(ev) => folded.apply(&ev),
@@ -510,18 +491,12 @@ fn check_acks(log: &BTreeMap<u64, Vec<Value>>, sent: &[Sent], failures: &mut Vec
         }
     }
     for s in sent {
-        let stored = by_command
-            .get(s.key.as_str())
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let stored = by_command.get(s.key.as_str()).map(Vec::as_slice).unwrap_or(&[]);
         match &s.answer {
             Some((200, ack)) => {
                 let ack_events = ack["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
                 if ack["aggregate_id"] != json!(s.order) {
-                    failures.push(format!(
-                        "{}: ack for {} names another aggregate: {ack}",
-                        s.key, s.order
-                    ));
+                    failures.push(format!("{}: ack for {} names another aggregate: {ack}", s.key, s.order));
                 }
                 if ack_events.len() != 1 {
                     failures.push(format!(
@@ -531,10 +506,7 @@ fn check_acks(log: &BTreeMap<u64, Vec<Value>>, sent: &[Sent], failures: &mut Vec
                     ));
                 }
                 if ack_events.last().map(|e| &e["version"]) != Some(&ack["version"]) {
-                    failures.push(format!(
-                        "{}: ack version is not its last event's: {ack}",
-                        s.key
-                    ));
+                    failures.push(format!("{}: ack version is not its last event's: {ack}", s.key));
                 }
                 if ack["position"].as_str().is_none_or(str::is_empty) {
                     failures.push(format!("{}: ack without position: {ack}", s.key));
@@ -545,8 +517,7 @@ fn check_acks(log: &BTreeMap<u64, Vec<Value>>, sent: &[Sent], failures: &mut Vec
                         .zip(ack_events)
                         .all(|((order, stored), acked)| *order == s.order && *stored == acked);
                 if !same {
-                    let stored: Vec<String> =
-                        stored.iter().map(|(o, e)| format!("{o}: {e}")).collect();
+                    let stored: Vec<String> = stored.iter().map(|(o, e)| format!("{o}: {e}")).collect();
                     failures.push(format!(
                         "I1/I4 {} ({} on {}): acknowledged 200 but the events carrying that key are: {stored:?}\n  ack: {ack}",
                         s.key, s.command, s.order
@@ -558,8 +529,7 @@ fn check_acks(log: &BTreeMap<u64, Vec<Value>>, sent: &[Sent], failures: &mut Vec
                     failures.push(format!("{}: 422 without error code: {body}", s.key));
                 }
                 if !stored.is_empty() {
-                    let stored: Vec<String> =
-                        stored.iter().map(|(o, e)| format!("{o}: {e}")).collect();
+                    let stored: Vec<String> = stored.iter().map(|(o, e)| format!("{o}: {e}")).collect();
                     failures.push(format!(
                         "I1 {} ({} on {}): acknowledged 422 {body} but the log holds events for it: {stored:?}",
                         s.key, s.command, s.order
@@ -596,13 +566,7 @@ async fn replay(http: &reqwest::Client, base: &str, sample: Vec<&Sent>) -> Vec<S
             .iter()
             .map(|s| {
                 let (status, body) = s.answer.clone().expect("acknowledged");
-                (
-                    s.key.clone(),
-                    s.order.clone(),
-                    s.command.clone(),
-                    status,
-                    body,
-                )
+                (s.key.clone(), s.order.clone(), s.command.clone(), status, body)
             })
             .collect();
         let http = http.clone();
@@ -722,18 +686,11 @@ async fn sigkill_under_load_keeps_invariants() {
     }
     let events = check_acks(&log, &sent, &mut failures);
 
-    let ok: Vec<&Sent> = sent
-        .iter()
-        .filter(|s| matches!(s.answer, Some((200, _))))
-        .collect();
-    let rejected: Vec<&Sent> = sent
-        .iter()
-        .filter(|s| matches!(s.answer, Some((422, _))))
-        .collect();
+    let ok: Vec<&Sent> = sent.iter().filter(|s| matches!(s.answer, Some((200, _)))).collect();
+    let rejected: Vec<&Sent> = sent.iter().filter(|s| matches!(s.answer, Some((422, _)))).collect();
     let mut sample: Vec<&Sent> = Vec::new();
     for class in [&ok, &rejected] {
-        let picked =
-            rand::seq::index::sample(&mut rng, class.len(), REPLAY_PER_OUTCOME.min(class.len()));
+        let picked = rand::seq::index::sample(&mut rng, class.len(), REPLAY_PER_OUTCOME.min(class.len()));
         sample.extend(picked.iter().map(|i| class[i]));
     }
     let replayed = sample.len();

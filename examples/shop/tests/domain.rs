@@ -3,8 +3,8 @@
 
 use eventfold::{AggregateTest, Reject};
 use shop::domain::{
-    Customer, CustomerCommand, CustomerEvent, CustomerStatus, LineItem, Order, OrderCommand,
-    OrderEvent, OrderStatus, Payment, PaymentCommand, PaymentConfig, PaymentEvent, PaymentStatus,
+    Customer, CustomerCommand, CustomerEvent, CustomerStatus, LineItem, Order, OrderCommand, OrderEvent, OrderStatus,
+    Payment, PaymentCommand, PaymentConfig, PaymentEvent, PaymentStatus,
 };
 
 fn item(sku: &str, qty: u32, price_cents: u64) -> LineItem {
@@ -62,9 +62,7 @@ fn order_history(status: OrderStatus) -> Vec<OrderEvent> {
         OrderStatus::Placed => {}
         OrderStatus::Confirmed => events.push(OrderEvent::OrderConfirmed),
         OrderStatus::Cancelled => events.push(cancelled()),
-        OrderStatus::Shipped => {
-            events.extend([OrderEvent::OrderConfirmed, OrderEvent::OrderShipped])
-        }
+        OrderStatus::Shipped => events.extend([OrderEvent::OrderConfirmed, OrderEvent::OrderShipped]),
     }
     events
 }
@@ -119,8 +117,7 @@ fn place_order_with_quantity_one_is_accepted() {
 
 #[test]
 fn place_order_with_quantity_zero_is_rejected() {
-    let t =
-        AggregateTest::<Order>::new().when(place(vec![item("apple", 2, 150), item("pear", 0, 99)]));
+    let t = AggregateTest::<Order>::new().when(place(vec![item("apple", 2, 150), item("pear", 0, 99)]));
     let Err(rejection) = t.result() else {
         panic!("expected a rejection")
     };
@@ -186,14 +183,8 @@ fn add_item_to_missing_order_is_rejected() {
 
 #[test]
 fn add_item_after_placed_is_rejected() {
-    for status in [
-        OrderStatus::Confirmed,
-        OrderStatus::Cancelled,
-        OrderStatus::Shipped,
-    ] {
-        order_in(status)
-            .when(add("pear", 1, 99))
-            .then_rejected("not_placed");
+    for status in [OrderStatus::Confirmed, OrderStatus::Cancelled, OrderStatus::Shipped] {
+        order_in(status).when(add("pear", 1, 99)).then_rejected("not_placed");
     }
 }
 
@@ -229,11 +220,7 @@ fn confirm_from_placed_is_accepted() {
 
 #[test]
 fn confirm_from_other_status_is_rejected() {
-    for status in [
-        OrderStatus::Confirmed,
-        OrderStatus::Cancelled,
-        OrderStatus::Shipped,
-    ] {
+    for status in [OrderStatus::Confirmed, OrderStatus::Cancelled, OrderStatus::Shipped] {
         order_in(status)
             .when(OrderCommand::ConfirmOrder)
             .then_rejected("invalid_transition");
@@ -250,10 +237,7 @@ fn invalid_transition_message_names_both_statuses() {
         panic!("expected a rejection")
     };
     assert_eq!(rejection.code(), "invalid_transition");
-    assert_eq!(
-        rejection.to_string(),
-        "an order cannot go from shipped to confirmed"
-    );
+    assert_eq!(rejection.to_string(), "an order cannot go from shipped to confirmed");
 }
 
 #[test]
@@ -269,9 +253,7 @@ fn cancel_from_placed_or_confirmed_is_accepted() {
 #[test]
 fn cancel_from_final_status_is_rejected() {
     for status in [OrderStatus::Cancelled, OrderStatus::Shipped] {
-        order_in(status)
-            .when(cancel())
-            .then_rejected("invalid_transition");
+        order_in(status).when(cancel()).then_rejected("invalid_transition");
     }
     AggregateTest::<Order>::new()
         .when(cancel())
@@ -292,11 +274,7 @@ fn ship_from_confirmed_is_accepted() {
 
 #[test]
 fn ship_from_other_status_is_rejected() {
-    for status in [
-        OrderStatus::Placed,
-        OrderStatus::Cancelled,
-        OrderStatus::Shipped,
-    ] {
+    for status in [OrderStatus::Placed, OrderStatus::Cancelled, OrderStatus::Shipped] {
         order_in(status)
             .when(OrderCommand::ShipOrder)
             .then_rejected("invalid_transition");
@@ -317,8 +295,7 @@ fn readme_place_order_json_decodes() {
 
 #[test]
 fn unit_command_decodes_from_type_alone() {
-    let command: OrderCommand =
-        serde_json::from_str(r#"{"type":"ConfirmOrder"}"#).expect("decodes");
+    let command: OrderCommand = serde_json::from_str(r#"{"type":"ConfirmOrder"}"#).expect("decodes");
     assert_eq!(command, OrderCommand::ConfirmOrder);
 }
 
@@ -487,9 +464,7 @@ fn authorize_zero_is_rejected() {
     AggregateTest::<Payment>::new()
         .when(authorize(0))
         .then_rejected("invalid_amount");
-    AggregateTest::<Payment>::new()
-        .when(authorize(1))
-        .then([authorized(1)]);
+    AggregateTest::<Payment>::new().when(authorize(1)).then([authorized(1)]);
 }
 
 #[test]
@@ -505,11 +480,7 @@ fn capture_authorized_is_accepted() {
 
 #[test]
 fn capture_other_than_authorized_is_rejected() {
-    for status in [
-        PaymentStatus::Declined,
-        PaymentStatus::Captured,
-        PaymentStatus::Voided,
-    ] {
+    for status in [PaymentStatus::Declined, PaymentStatus::Captured, PaymentStatus::Voided] {
         payment_in(status)
             .when(PaymentCommand::CapturePayment)
             .then_rejected("invalid_transition");
@@ -529,11 +500,7 @@ fn void_authorized_is_accepted() {
 
 #[test]
 fn void_captured_or_final_is_rejected() {
-    for status in [
-        PaymentStatus::Captured,
-        PaymentStatus::Declined,
-        PaymentStatus::Voided,
-    ] {
+    for status in [PaymentStatus::Captured, PaymentStatus::Declined, PaymentStatus::Voided] {
         payment_in(status)
             .when(PaymentCommand::VoidPayment)
             .then_rejected("invalid_transition");
@@ -546,8 +513,7 @@ fn void_captured_or_final_is_rejected() {
 #[test]
 fn payment_json_shapes() {
     let command: PaymentCommand =
-        serde_json::from_str(r#"{"type":"AuthorizePayment","order_id":"o1","amount_cents":500}"#)
-            .expect("decodes");
+        serde_json::from_str(r#"{"type":"AuthorizePayment","order_id":"o1","amount_cents":500}"#).expect("decodes");
     assert_eq!(command, authorize(500));
     let json = serde_json::to_string(&authorized(500)).expect("serializes");
     assert_eq!(
@@ -575,9 +541,7 @@ fn registered() -> CustomerEvent {
 }
 
 fn change_email(email: &str) -> CustomerCommand {
-    CustomerCommand::ChangeEmail {
-        email: email.into(),
-    }
+    CustomerCommand::ChangeEmail { email: email.into() }
 }
 
 fn active_customer() -> AggregateTest<Customer> {
@@ -683,15 +647,9 @@ fn nothing_changes_after_delete() {
 
 #[test]
 fn customer_json_shapes() {
-    let command: CustomerCommand =
-        serde_json::from_str(r#"{"type":"ChangeEmail","email":"a@b"}"#).expect("decodes");
+    let command: CustomerCommand = serde_json::from_str(r#"{"type":"ChangeEmail","email":"a@b"}"#).expect("decodes");
     assert_eq!(command, change_email("a@b"));
-    assert!(
-        serde_json::from_str::<CustomerCommand>(
-            r#"{"type":"ChangeEmail","email":"a@b","name":"x"}"#
-        )
-        .is_err()
-    );
+    assert!(serde_json::from_str::<CustomerCommand>(r#"{"type":"ChangeEmail","email":"a@b","name":"x"}"#).is_err());
     let json = serde_json::to_string(&registered()).expect("serializes");
     assert_eq!(
         json,

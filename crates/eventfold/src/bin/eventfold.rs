@@ -193,9 +193,7 @@ async fn main() -> ExitCode {
             // Without a signal handler the run simply goes to its limit.
             std::future::pending::<()>().await;
         }
-        eprintln!(
-            "eventfold load: interrupted, finishing requests in flight (Ctrl-C again to abort)"
-        );
+        eprintln!("eventfold load: interrupted, finishing requests in flight (Ctrl-C again to abort)");
         tokio::spawn(async {
             if tokio::signal::ctrl_c().await.is_ok() {
                 std::process::exit(130);

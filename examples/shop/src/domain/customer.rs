@@ -132,11 +132,7 @@ impl Customer {
         }
     }
 
-    fn register(
-        &self,
-        name: String,
-        email: String,
-    ) -> Result<Vec<CustomerEvent>, CustomerRejection> {
+    fn register(&self, name: String, email: String) -> Result<Vec<CustomerEvent>, CustomerRejection> {
         match self.status {
             None => {}
             Some(CustomerStatus::Deleted) => return Err(CustomerRejection::Deleted),

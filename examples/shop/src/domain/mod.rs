@@ -10,6 +10,4 @@ pub mod payment;
 
 pub use customer::{Customer, CustomerCommand, CustomerEvent, CustomerRejection, CustomerStatus};
 pub use order::{LineItem, Order, OrderCommand, OrderEvent, OrderRejection, OrderStatus};
-pub use payment::{
-    Payment, PaymentCommand, PaymentConfig, PaymentEvent, PaymentRejection, PaymentStatus,
-};
+pub use payment::{Payment, PaymentCommand, PaymentConfig, PaymentEvent, PaymentRejection, PaymentStatus};

@@ -121,10 +121,7 @@ impl OrderStatus {
         use OrderStatus::{Cancelled, Confirmed, Placed, Shipped};
         matches!(
             (self, to),
-            (Placed, Confirmed)
-                | (Placed, Cancelled)
-                | (Confirmed, Cancelled)
-                | (Confirmed, Shipped)
+            (Placed, Confirmed) | (Placed, Cancelled) | (Confirmed, Cancelled) | (Confirmed, Shipped)
         )
     }
 }
@@ -215,11 +212,7 @@ pub struct Order {
 }
 
 impl Order {
-    fn place(
-        &self,
-        customer_id: String,
-        items: Vec<LineItem>,
-    ) -> Result<Vec<OrderEvent>, OrderRejection> {
+    fn place(&self, customer_id: String, items: Vec<LineItem>) -> Result<Vec<OrderEvent>, OrderRejection> {
         if self.status.is_some() {
             return Err(OrderRejection::AlreadyPlaced);
         }
@@ -237,12 +230,7 @@ impl Order {
         }])
     }
 
-    fn add_item(
-        &self,
-        sku: String,
-        qty: u32,
-        price_cents: u64,
-    ) -> Result<Vec<OrderEvent>, OrderRejection> {
+    fn add_item(&self, sku: String, qty: u32, price_cents: u64) -> Result<Vec<OrderEvent>, OrderRejection> {
         match self.status {
             None => return Err(OrderRejection::NotFound),
             Some(OrderStatus::Placed) => {}
@@ -250,11 +238,7 @@ impl Order {
         }
         // Only checked here; `apply` then trusts the event.
         add_line(self.total_cents, &sku, qty, price_cents)?;
-        Ok(vec![OrderEvent::ItemAdded {
-            sku,
-            qty,
-            price_cents,
-        }])
+        Ok(vec![OrderEvent::ItemAdded { sku, qty, price_cents }])
     }
 
     /// Checks that the order may move to `to`; the caller builds the event.
@@ -270,16 +254,9 @@ impl Order {
 
 /// Adds one line to a running total, refusing quantity zero and any overflow: a client can
 /// send any `u64`, and a panic in a handler would stop the whole partition.
-fn add_line(
-    total_cents: u64,
-    sku: &str,
-    qty: u32,
-    price_cents: u64,
-) -> Result<u64, OrderRejection> {
+fn add_line(total_cents: u64, sku: &str, qty: u32, price_cents: u64) -> Result<u64, OrderRejection> {
     if qty == 0 {
-        return Err(OrderRejection::InvalidQuantity {
-            sku: sku.to_owned(),
-        });
+        return Err(OrderRejection::InvalidQuantity { sku: sku.to_owned() });
     }
     u64::from(qty)
         .checked_mul(price_cents)
@@ -294,18 +271,10 @@ impl Aggregate for Order {
     type Rejection = OrderRejection;
     type Config = ();
 
-    fn handle(
-        &self,
-        command: OrderCommand,
-        _ctx: &Context<'_, ()>,
-    ) -> Result<Vec<OrderEvent>, OrderRejection> {
+    fn handle(&self, command: OrderCommand, _ctx: &Context<'_, ()>) -> Result<Vec<OrderEvent>, OrderRejection> {
         match command {
             OrderCommand::PlaceOrder { customer_id, items } => self.place(customer_id, items),
-            OrderCommand::AddItem {
-                sku,
-                qty,
-                price_cents,
-            } => self.add_item(sku, qty, price_cents),
+            OrderCommand::AddItem { sku, qty, price_cents } => self.add_item(sku, qty, price_cents),
             OrderCommand::ConfirmOrder => {
                 self.transition(OrderStatus::Confirmed)?;
                 Ok(vec![OrderEvent::OrderConfirmed])
@@ -333,11 +302,7 @@ impl Aggregate for Order {
                 self.items.clone_from(items);
                 self.total_cents = *total_cents;
             }
-            OrderEvent::ItemAdded {
-                sku,
-                qty,
-                price_cents,
-            } => {
+            OrderEvent::ItemAdded { sku, qty, price_cents } => {
                 // `handle` refused any overflow before emitting the event, so saturation is
                 // unreachable for our own events; it only keeps `apply` infallible.
                 let line = u64::from(*qty).saturating_mul(*price_cents);

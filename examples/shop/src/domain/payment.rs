@@ -128,10 +128,7 @@ impl fmt::Display for PaymentRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::AlreadyAuthorized { status } => {
-                write!(
-                    f,
-                    "the payment was already submitted for authorization and is {status}"
-                )
+                write!(f, "the payment was already submitted for authorization and is {status}")
             }
             Self::InvalidAmount => f.write_str("the amount must be above zero"),
             Self::NotFound => f.write_str("the payment does not exist"),
@@ -181,18 +178,14 @@ impl Payment {
         }
         let limit = config.decline_above_cents;
         if amount_cents > limit {
-            let reason =
-                format!("amount of {amount_cents} cents is above the limit of {limit} cents");
+            let reason = format!("amount of {amount_cents} cents is above the limit of {limit} cents");
             return Ok(vec![PaymentEvent::PaymentDeclined {
                 order_id,
                 amount_cents,
                 reason,
             }]);
         }
-        Ok(vec![PaymentEvent::PaymentAuthorized {
-            order_id,
-            amount_cents,
-        }])
+        Ok(vec![PaymentEvent::PaymentAuthorized { order_id, amount_cents }])
     }
 
     /// Capture and void both leave `authorized` only, so one check covers them; every
@@ -219,10 +212,9 @@ impl Aggregate for Payment {
         ctx: &Context<'_, PaymentConfig>,
     ) -> Result<Vec<PaymentEvent>, PaymentRejection> {
         match command {
-            PaymentCommand::AuthorizePayment {
-                order_id,
-                amount_cents,
-            } => self.authorize(order_id, amount_cents, ctx.config),
+            PaymentCommand::AuthorizePayment { order_id, amount_cents } => {
+                self.authorize(order_id, amount_cents, ctx.config)
+            }
             PaymentCommand::CapturePayment => {
                 self.leave_authorized(PaymentStatus::Captured)?;
                 Ok(vec![PaymentEvent::PaymentCaptured])
@@ -236,10 +228,7 @@ impl Aggregate for Payment {
 
     fn apply(&mut self, event: &PaymentEvent) {
         match event {
-            PaymentEvent::PaymentAuthorized {
-                order_id,
-                amount_cents,
-            } => {
+            PaymentEvent::PaymentAuthorized { order_id, amount_cents } => {
                 self.status = Some(PaymentStatus::Authorized);
                 self.order_id.clone_from(order_id);
                 self.amount_cents = *amount_cents;
