@@ -38,15 +38,27 @@ impl Default for Options {
     }
 }
 
-/// Counters of the committer, for metrics.
+/// Counters of the committer (see [`crate::Stats`]).
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Group commits written (= fsyncs when fsync is on).
-    pub group_commits: AtomicU64,
-    /// Commit units written.
-    pub units: AtomicU64,
-    /// Records appended.
-    pub records: AtomicU64,
+    group_commits: AtomicU64,
+    units: AtomicU64,
+    records: AtomicU64,
+    write_micros: AtomicU64,
+    busy_micros: AtomicU64,
+}
+
+impl Stats {
+    fn snapshot(&self) -> crate::Stats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::Stats {
+            group_commits: get(&self.group_commits),
+            units: get(&self.units),
+            records: get(&self.records),
+            write_micros: get(&self.write_micros),
+            busy_micros: get(&self.busy_micros),
+        }
+    }
 }
 
 const PARTITIONS_KEY: &str = "log/partitions";
@@ -143,11 +155,6 @@ impl EmbeddedLog {
         })
     }
 
-    /// Committer counters.
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.stats
-    }
-
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
         if partition >= self.options.partitions {
             return Err(Error::NoSuchPartition {
@@ -201,6 +208,14 @@ impl Committer {
     }
 
     fn commit_group(&mut self, jobs: Vec<Job>) {
+        let started = std::time::Instant::now();
+        self.commit_group_inner(jobs);
+        self.stats
+            .busy_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn commit_group_inner(&mut self, jobs: Vec<Job>) {
         if let Some(why) = &self.poisoned {
             for (_, reply) in jobs {
                 let _ = reply.send(Err(Error::Closed(format!(
@@ -209,7 +224,11 @@ impl Committer {
             }
             return;
         }
-        let mut batch = Batch::new();
+        let ops: usize = jobs
+            .iter()
+            .map(|(u, _)| u.local.len() + 2 * u.appends.len() + u.consumed.len())
+            .sum();
+        let mut batch = Batch::with_capacity(ops);
         let mut next: HashMap<TopicPartition, u64> = HashMap::new();
         let mut receipts = Vec::with_capacity(jobs.len());
         let mut replies = Vec::with_capacity(jobs.len());
@@ -232,7 +251,11 @@ impl Committer {
             }
             replies.push(reply);
         }
+        let write_started = std::time::Instant::now();
         let result = self.store.commit(batch, self.options.fsync);
+        self.stats
+            .write_micros
+            .fetch_add(write_started.elapsed().as_micros() as u64, Ordering::Relaxed);
         match result {
             Ok(()) => {
                 self.ends.extend(next);
@@ -338,6 +361,10 @@ impl Log for EmbeddedLog {
 
     fn store(&self) -> &Store {
         &self.store
+    }
+
+    fn stats(&self) -> crate::Stats {
+        self.stats.snapshot()
     }
 
     fn commit(&self, unit: CommitUnit) -> CommitFuture {

@@ -93,6 +93,21 @@ pub struct Receipt {
     pub offsets: Vec<u64>,
 }
 
+/// Counters of a log backend, for metrics (all monotonic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Group commits written (embedded: one fsync each) or transactions committed (Kafka).
+    pub group_commits: u64,
+    /// Commit units written.
+    pub units: u64,
+    /// Records appended.
+    pub records: u64,
+    /// Microseconds spent writing and syncing.
+    pub write_micros: u64,
+    /// Microseconds the committer was busy (staging, writing, answering).
+    pub busy_micros: u64,
+}
+
 /// The pending result of [`Log::commit`].
 pub type CommitFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Receipt>> + Send + 'static>>;
 
@@ -117,6 +132,10 @@ pub trait Log: Send + Sync + 'static {
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>>;
     /// The offset after the last committed record.
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64>;
+    /// Counters for metrics.
+    fn stats(&self) -> Stats {
+        Stats::default()
+    }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
 }

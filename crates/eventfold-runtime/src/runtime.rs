@@ -237,6 +237,32 @@ impl Runtime {
         out.push_str(&latency);
         out.push_str("# HELP eventfold_commit_batch_commands Commands per commit unit.\n# TYPE eventfold_commit_batch_commands histogram\n");
         out.push_str(&batch);
+        let ls = self.inner.log.stats();
+        let backend = self.inner.log.backend();
+        for (name, help, value) in [
+            (
+                "eventfold_log_group_commits_total",
+                "Group commits (embedded: fsyncs) or transactions.",
+                ls.group_commits as f64,
+            ),
+            ("eventfold_log_units_total", "Commit units written.", ls.units as f64),
+            ("eventfold_log_records_total", "Records appended.", ls.records as f64),
+            (
+                "eventfold_log_write_seconds_total",
+                "Time spent writing and syncing.",
+                ls.write_micros as f64 / 1e6,
+            ),
+            (
+                "eventfold_log_busy_seconds_total",
+                "Time the committer was busy.",
+                ls.busy_micros as f64 / 1e6,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{backend=\"{backend}\"}} {value}"
+            );
+        }
         let parts = self.partitions();
         out.push_str("# HELP eventfold_restore_progress Restore progress of a partition (0 to 1).\n# TYPE eventfold_restore_progress gauge\n");
         for p in &parts {

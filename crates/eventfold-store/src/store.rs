@@ -206,6 +206,14 @@ impl Batch {
         Self::default()
     }
 
+    /// An empty batch with room for `ops` operations.
+    pub fn with_capacity(ops: usize) -> Self {
+        Self {
+            ops: Vec::with_capacity(ops),
+            bytes: 0,
+        }
+    }
+
     /// Number of operations.
     pub fn len(&self) -> usize {
         self.ops.len()
@@ -332,11 +340,12 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut b = self.db.batch().durability(Some(if durable {
-            PersistMode::SyncData
-        } else {
-            PersistMode::Buffer
-        }));
+        let mut b =
+            fjall::OwnedWriteBatch::with_capacity(self.db.clone(), batch.ops.len()).durability(Some(if durable {
+                PersistMode::SyncData
+            } else {
+                PersistMode::Buffer
+            }));
         for (t, k, v) in batch.ops {
             match v {
                 Some(v) => b.insert(self.table(t), k, v),

@@ -34,13 +34,13 @@ async fn run_once(concurrency: u64, seconds: u64, fsync: bool) -> (f64, Vec<u64>
         },
     )
     .unwrap();
-    let stats = log.stats().clone();
+    let log: Arc<dyn eventfold::log::Log> = Arc::new(log);
     let rt = Runtime::builder(RuntimeOptions {
         app_id: "bench".into(),
         ..Default::default()
     })
     .aggregate::<Order>(())
-    .build(Arc::new(log));
+    .build(log.clone());
     rt.wait_restored(Duration::from_secs(10)).await;
     let svc = rt.aggregate("order").unwrap().clone();
     let stop = Arc::new(AtomicBool::new(false));
@@ -77,11 +77,15 @@ async fn run_once(concurrency: u64, seconds: u64, fsync: bool) -> (f64, Vec<u64>
     lat.sort_unstable();
     let n = lat.len();
     let pct = |p: f64| lat[((n as f64 * p) as usize).min(n - 1)];
+    let stats = log.stats();
     eprintln!(
-        "  run: {:.0} commands/s, {} group commits ({:.1} commands per fsync), p50 {} us, p99 {} us",
+        "  run: {:.0} commands/s, {} group commits ({:.1} commands, {:.1} units per fsync; committer busy {:.0}%, writing {:.0}%), p50 {} us, p99 {} us",
         n as f64 / elapsed,
-        stats.group_commits.load(Ordering::Relaxed),
-        n as f64 / stats.group_commits.load(Ordering::Relaxed).max(1) as f64,
+        stats.group_commits,
+        n as f64 / stats.group_commits.max(1) as f64,
+        stats.units as f64 / stats.group_commits.max(1) as f64,
+        stats.busy_micros as f64 / 1e4 / elapsed,
+        stats.write_micros as f64 / 1e4 / elapsed,
         pct(0.5),
         pct(0.99)
     );
