@@ -81,3 +81,42 @@ async fn embedded_log_survives_a_real_reopen() {
     let log = open();
     assert_eq!(log.end_offset(&t, 1).await.unwrap(), 1);
 }
+
+/// Beyond the suite: the embedded log has no transaction markers, so its offsets are
+/// contiguous from 0 (positions and restore rely on `end_offset` = record count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_offsets_are_contiguous_from_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let log = EmbeddedLog::open(
+        store,
+        Options {
+            partitions: 2,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let t: Arc<str> = Arc::from("c.events");
+    let mut all = Vec::new();
+    for n in 1..=5 {
+        let appends = (0..n)
+            .map(|_| eventfold_log::Append {
+                topic: t.clone(),
+                partition: 1,
+                record: Default::default(),
+                entity: None,
+            })
+            .collect();
+        all.extend(
+            log.commit(eventfold_log::CommitUnit {
+                appends,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .offsets,
+        );
+    }
+    assert_eq!(all, (0..15).collect::<Vec<u64>>());
+    assert_eq!(log.end_offset(&t, 1).await.unwrap(), 15);
+}
