@@ -515,3 +515,20 @@ async fn corrupt_state_stops_its_partition_only() {
     assert_eq!(b["partitions"][0]["partition"], part(bad));
     assert_eq!(b["partitions"][0]["state"], "failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_stored_state_stops_its_partition_with_a_clear_error() {
+    let s = start_with(RuntimeOptions::default(), 1).await;
+    // Checksum fine, content not a Counter: as after an incompatible change of the state type.
+    let mut b = eventfold_store::Batch::new();
+    b.put_state("counter", "old-shape", 3, br#"{"total":"three"}"#);
+    s.runtime.log().store().commit(b, true).unwrap();
+    let (st, _, b) = s.post("old-shape", r#"{"type":"Add","n":1}"#, &[]).await;
+    assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_error(&b, "partition_failed");
+    let msg = b["message"].as_str().unwrap();
+    assert!(
+        msg.contains("state does not decode") && msg.contains("counter/old-shape"),
+        "{msg}"
+    );
+}

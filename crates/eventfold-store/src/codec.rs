@@ -169,3 +169,38 @@ mod tests {
         }
     }
 }
+
+/// Stored bytes written by format v1, kept as fixtures: a release that cannot read them
+/// would strand users' data.
+#[cfg(test)]
+mod compatibility {
+    use super::*;
+
+    /// A framed v1 record: key `o-1`, value `{"type":"OrderConfirmed"}`, headers
+    /// `ef-type: OrderConfirmed` and `ef-version: 2`, timestamp 1700000000000.
+    /// Produced by an independent implementation of the documented layout (Python's
+    /// `struct` and `zlib.crc32`), not by this crate.
+    const RECORD_V1: &str = "46cac2af010068e5cf8b0100000200070065662d747970650e0000004f72646572436f6e6669726d65\
+        640a0065662d76657273696f6e0100000032030000006f2d31190000007b2274797065223a224f72646572436f6e66\
+        69726d6564227d";
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn reads_v1_records() {
+        let bytes = unhex(RECORD_V1);
+        let r = decode_record(unframe(&bytes).expect("v1 frame")).expect("v1 record");
+        assert_eq!(r.key, b"o-1");
+        assert_eq!(r.value, br#"{"type":"OrderConfirmed"}"#);
+        assert_eq!(r.timestamp_ms, 1_700_000_000_000);
+        assert_eq!(r.header_str("ef-type"), Some("OrderConfirmed"));
+        assert_eq!(r.header_str("ef-version"), Some("2"));
+        // And the current encoder still writes exactly these bytes.
+        assert_eq!(frame(&encode_record(&r)), bytes);
+    }
+}
