@@ -24,12 +24,15 @@ fn shop(args: &[&str]) -> Command {
 fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
     let mut args = vec!["--data-dir", dir.to_str().unwrap(), "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
-    let mut child = shop(&args)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
+    // Owned by the guard at once, so a failing test still kills and reaps it.
+    let mut guard = Shop(
+        shop(&args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = guard.0.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -51,7 +54,7 @@ fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
             if let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) {
                 lines.push(l);
             }
-            return (Shop(child), url, lines);
+            return (guard, url, lines);
         }
     }
 }
