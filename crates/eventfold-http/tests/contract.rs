@@ -4,7 +4,9 @@
 
 use eventfold_core::testing::Counter;
 use eventfold_http::HttpOptions;
+use eventfold_log::Log;
 use eventfold_log::embedded::{EmbeddedLog, Options};
+use eventfold_log::testing::GatedLog;
 use eventfold_runtime::{Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
 use futures_util::StreamExt;
@@ -21,6 +23,21 @@ struct Server {
 }
 
 async fn start_with(options: RuntimeOptions, partitions: u32) -> Server {
+    let server = start_gated(options, partitions, |log| log).await;
+    assert!(
+        server.runtime.wait_restored(Duration::from_secs(10)).await,
+        "partitions restore"
+    );
+    server
+}
+
+/// Starts a server whose log is wrapped by `wrap` (e.g. to hold the restore), without
+/// waiting for the partitions to restore.
+async fn start_gated(
+    options: RuntimeOptions,
+    partitions: u32,
+    wrap: impl FnOnce(Arc<dyn Log>) -> Arc<dyn Log>,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     let log = EmbeddedLog::open(
@@ -36,11 +53,7 @@ async fn start_with(options: RuntimeOptions, partitions: u32) -> Server {
         ..options
     })
     .aggregate::<Counter>(())
-    .build(Arc::new(log));
-    assert!(
-        runtime.wait_restored(Duration::from_secs(10)).await,
-        "partitions restore"
-    );
+    .build(wrap(Arc::new(log)));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = eventfold_http::router(
@@ -531,4 +544,50 @@ async fn undecodable_stored_state_stops_its_partition_with_a_clear_error() {
         msg.contains("state does not decode") && msg.contains("counter/old-shape"),
         "{msg}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restoring_partitions_show_in_readyz_and_get_503_past_the_queue_bound() {
+    let gate = std::sync::Mutex::new(None);
+    let s = start_gated(
+        RuntimeOptions {
+            restore_queue_limit: 1,
+            ..Default::default()
+        },
+        1,
+        |log| {
+            let (gated, g) = GatedLog::new(log);
+            *gate.lock().unwrap() = Some(g);
+            Arc::new(gated)
+        },
+    )
+    .await;
+    let gate = gate.lock().unwrap().take().unwrap();
+    let (st, h, b) = s.get("/readyz").await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+    assert_error(&b, "not_ready");
+    assert!(h.contains_key("retry-after"));
+    assert_eq!(b["partitions"][0]["state"], "restoring");
+    // One command may wait for the barrier; the next one is refused with 503.
+    let (client, base) = (s.client.clone(), s.base.clone());
+    let waiting = tokio::spawn(async move {
+        client
+            .post(format!("{base}/v1/aggregates/counter/w/commands"))
+            .body(r#"{"type":"Add","n":1}"#)
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (st, h, b) = s.post("x", r#"{"type":"Add","n":1}"#, &[]).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert_error(&b, "partition_restoring");
+    assert_eq!(h["retry-after"], "1");
+    gate.open();
+    assert_eq!(
+        waiting.await.unwrap().unwrap().status(),
+        StatusCode::OK,
+        "the waiting command runs after the barrier"
+    );
+    assert!(s.runtime.wait_restored(Duration::from_secs(5)).await);
+    assert_eq!(s.get("/readyz").await.0, StatusCode::OK);
 }

@@ -14,6 +14,7 @@
 
 pub mod conformance;
 pub mod embedded;
+pub mod testing;
 
 use async_trait::async_trait;
 use eventfold_core::Record;

@@ -1,17 +1,16 @@
 //! The command path without HTTP: dedup while commits are in flight, versions under
 //! concurrency, dedup expiry, and the restore barrier.
 
-use async_trait::async_trait;
 use eventfold_core::testing::{Counter, CounterEvent};
-use eventfold_core::{Aggregate, Outcome, Record};
+use eventfold_core::{Aggregate, Outcome};
+use eventfold_log::Log;
 use eventfold_log::embedded::{EmbeddedLog, Options};
-use eventfold_log::{CommitFuture, CommitUnit, Log};
+use eventfold_log::testing::GatedLog;
 use eventfold_runtime::{CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
 
 fn embedded(dir: &tempfile::TempDir, partitions: u32) -> Arc<dyn Log> {
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
@@ -196,52 +195,11 @@ async fn dedup_records_expire_after_the_window() {
     }
 }
 
-/// A log whose restore (`end_offset`) waits for a gate: to observe the barrier.
-struct GatedLog {
-    inner: Arc<dyn Log>,
-    gate: Arc<Semaphore>,
-}
-
-#[async_trait]
-impl Log for GatedLog {
-    fn backend(&self) -> &'static str {
-        "gated"
-    }
-    fn partitions(&self) -> u32 {
-        self.inner.partitions()
-    }
-    fn store(&self) -> &Store {
-        self.inner.store()
-    }
-    fn commit(&self, unit: CommitUnit) -> CommitFuture {
-        self.inner.commit(unit)
-    }
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> eventfold_log::Result<Vec<(u64, Record)>> {
-        self.inner.read(topic, partition, from, max).await
-    }
-    async fn end_offset(&self, topic: &str, partition: u32) -> eventfold_log::Result<u64> {
-        let _permit = self.gate.acquire().await.unwrap();
-        self.inner.end_offset(topic, partition).await
-    }
-    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> eventfold_log::Result<Option<u64>> {
-        self.inner.committed_offset(group, topic, partition).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Semaphore::new(0));
-    let log = Arc::new(GatedLog {
-        inner: embedded(&dir, 1),
-        gate: gate.clone(),
-    });
+    let (log, gate) = GatedLog::new(embedded(&dir, 1));
+    let log = Arc::new(log);
     let options = RuntimeOptions {
         restore_queue_limit: 2,
         ..Default::default()
@@ -267,7 +225,7 @@ async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
         waiting.iter().all(|t| !t.is_finished()),
         "commands wait while the partition restores"
     );
-    gate.add_permits(1000);
+    gate.open();
     for t in waiting {
         assert!(
             matches!(t.await.unwrap().unwrap(), Outcome::Accepted(_)),

@@ -1,0 +1,70 @@
+//! Test doubles around a real log, for eventfold's own tests and users' tests.
+
+use crate::{CommitFuture, CommitUnit, Log, Result, Stats};
+use async_trait::async_trait;
+use eventfold_core::Record;
+use eventfold_store::Store;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// Wraps a log so that `end_offset` (the first call of every partition's restore) waits
+/// for [`Gate::open`]: lets tests observe a partition while it restores. Everything else
+/// goes straight to the inner log.
+pub struct GatedLog {
+    inner: Arc<dyn Log>,
+    gate: Arc<Semaphore>,
+}
+
+/// Opens a [`GatedLog`].
+#[derive(Clone)]
+pub struct Gate(Arc<Semaphore>);
+
+impl Gate {
+    /// Lets every waiting and later `end_offset` call through.
+    pub fn open(&self) {
+        self.0.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+}
+
+impl GatedLog {
+    /// A closed gate in front of `inner`.
+    pub fn new(inner: Arc<dyn Log>) -> (Self, Gate) {
+        let gate = Arc::new(Semaphore::new(0));
+        (
+            Self {
+                inner,
+                gate: gate.clone(),
+            },
+            Gate(gate),
+        )
+    }
+}
+
+#[async_trait]
+impl Log for GatedLog {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn partitions(&self) -> u32 {
+        self.inner.partitions()
+    }
+    fn store(&self) -> &Store {
+        self.inner.store()
+    }
+    fn commit(&self, unit: CommitUnit) -> CommitFuture {
+        self.inner.commit(unit)
+    }
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+        self.inner.read(topic, partition, from, max).await
+    }
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        let _permit = self.gate.acquire().await.expect("the gate is never closed");
+        self.inner.end_offset(topic, partition).await
+    }
+    fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        self.inner.committed_offset(group, topic, partition).await
+    }
+}
