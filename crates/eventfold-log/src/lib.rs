@@ -14,6 +14,8 @@
 
 pub mod conformance;
 pub mod embedded;
+/// The Kafka backend: one Kafka transaction per group of commit units.
+pub mod kafka;
 pub mod testing;
 
 use async_trait::async_trait;
@@ -44,6 +46,9 @@ pub enum Error {
     /// The backend is shut down or its writer died.
     #[error("log is closed: {0}")]
     Closed(String),
+    /// The Kafka broker or client failed (unreachable broker, failed transaction, ...).
+    #[error("kafka: {0}")]
+    Kafka(String),
 }
 
 /// Result alias of eventfold-log.

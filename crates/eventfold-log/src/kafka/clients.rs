@@ -1,0 +1,295 @@
+//! The consumers of the Kafka log: committed reads, last stable offsets, group offsets and
+//! the group metadata that transactions commit offsets with. All calls block.
+
+use super::KafkaOptions;
+use crate::{Error, Result};
+use eventfold_core::Record;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Readers kept for reuse; more are created under concurrency and dropped past this.
+const MAX_IDLE_READERS: usize = 8;
+
+/// A log error from an rdkafka error, with what was being done.
+pub(super) fn kafka_error(what: &str, e: KafkaError) -> Error {
+    Error::Kafka(format!("{what}: {e}"))
+}
+
+/// The settings every client shares: brokers, no topic auto-creation (topics are created
+/// by the provisioner with the right partition count), then the user's extras.
+pub(super) fn base_config(options: &KafkaOptions) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &options.bootstrap_servers)
+        .set("allow.auto.create.topics", "false");
+    for (k, v) in &options.client_config {
+        c.set(k, v);
+    }
+    c
+}
+
+/// A `read_committed` consumer configuration (no group unless `group` is set).
+fn consumer_config(options: &KafkaOptions, group: Option<&str>) -> ClientConfig {
+    let mut c = base_config(options);
+    c.set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        // Reads stop at the end of the partition: do not let the broker park a fetch.
+        .set("fetch.wait.max.ms", "20");
+    if let Some(g) = group {
+        c.set("group.id", g);
+    }
+    // The user's extras win over these defaults too.
+    for (k, v) in &options.client_config {
+        c.set(k, v);
+    }
+    c
+}
+
+pub(super) struct Clients {
+    options: KafkaOptions,
+    /// Watermark queries and the reachability check.
+    meta: BaseConsumer,
+    readers: Mutex<Vec<BaseConsumer>>,
+    groups: Mutex<HashMap<String, Arc<BaseConsumer>>>,
+}
+
+impl Clients {
+    pub(super) fn new(options: &KafkaOptions) -> Result<Self> {
+        let meta = consumer_config(options, None)
+            .create()
+            .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
+        Ok(Self {
+            options: options.clone(),
+            meta,
+            readers: Mutex::new(Vec::new()),
+            groups: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn reader_group(&self) -> String {
+        format!("{}-reader", self.options.transactional_id)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.options.operation_timeout
+    }
+
+    /// Fails with a clear message if no broker answers within `timeout`.
+    pub(super) fn check_reachable(&self, timeout: Duration) -> Result<()> {
+        self.meta.fetch_metadata(None, timeout).map(drop).map_err(|e| {
+            Error::Kafka(format!(
+                "cannot reach a Kafka broker at `{}` within {timeout:?}: {e}",
+                self.options.bootstrap_servers
+            ))
+        })
+    }
+
+    /// The last stable offset: the watermark query of a `read_committed` client sends
+    /// `ListOffsets` with that isolation level. Retried (bounded) while the partition's
+    /// leader is not known yet, as right after the topic was created.
+    pub(super) fn last_stable_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        let deadline = Instant::now() + self.timeout();
+        let high = loop {
+            match self.meta.fetch_watermarks(topic, partition as i32, self.timeout()) {
+                Ok((_, high)) => break high,
+                Err(e) if is_transient(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(kafka_error(
+                        &format!("cannot query the end offset of {topic}/{partition}"),
+                        e,
+                    ));
+                }
+            }
+        };
+        u64::try_from(high).map_err(|_| Error::Kafka(format!("negative end offset {high} for {topic}/{partition}")))
+    }
+
+    /// Reads committed records of `topic`/`partition` in `from..end` (at most `max`).
+    pub(super) fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        end: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Record)>> {
+        let reader = match self.readers.lock().expect("readers lock").pop() {
+            Some(r) => r,
+            // librdkafka refuses `assign` without a group id; this group never joins
+            // nor commits.
+            None => consumer_config(&self.options, Some(&self.reader_group()))
+                .create()
+                .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
+        };
+        let got = read_range(&reader, topic, partition, from, end, max, self.timeout());
+        // A reader that failed is dropped rather than reused in an unknown state.
+        if got.is_ok() && reader.unassign().is_ok() {
+            let mut idle = self.readers.lock().expect("readers lock");
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(reader);
+            }
+        }
+        got
+    }
+
+    /// The consumer standing for `group`: never subscribed, it only fetches the group's
+    /// committed offsets and provides its metadata to transactions.
+    fn group(&self, group: &str) -> Result<Arc<BaseConsumer>> {
+        let mut groups = self.groups.lock().expect("groups lock");
+        if let Some(c) = groups.get(group) {
+            return Ok(c.clone());
+        }
+        let c: BaseConsumer = consumer_config(&self.options, Some(group))
+            .create()
+            .map_err(|e| kafka_error(&format!("cannot create a consumer for group `{group}`"), e))?;
+        let c = Arc::new(c);
+        groups.insert(group.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    /// The metadata `send_offsets_to_transaction` needs for `group`. The group is not
+    /// joined (generation -1): the log commits offsets on behalf of a processor that owns
+    /// its partitions by other means.
+    pub(super) fn group_metadata(&self, group: &str) -> Result<ConsumerGroupMetadata> {
+        self.group(group)?
+            .group_metadata()
+            .ok_or_else(|| Error::Kafka(format!("no consumer group metadata for group `{group}`")))
+    }
+
+    /// The committed offset of `group` on `topic`/`partition`. The consumer is
+    /// `read_committed`, so librdkafka asks for stable offsets: offsets of a transaction
+    /// still being completed are waited for, not skipped.
+    pub(super) fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        let consumer = self.group(group)?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, partition as i32);
+        let what = || format!("cannot fetch the committed offset of group `{group}` on {topic}/{partition}");
+        let got = consumer
+            .committed_offsets(tpl, self.timeout())
+            .map_err(|e| kafka_error(&what(), e))?;
+        let elem = got
+            .find_partition(topic, partition as i32)
+            .ok_or_else(|| Error::Kafka(format!("{}: missing from the answer", what())))?;
+        elem.error().map_err(|e| kafka_error(&what(), e))?;
+        match elem.offset() {
+            Offset::Offset(n) if n >= 0 => Ok(Some(n as u64)),
+            Offset::Invalid => Ok(None),
+            other => Err(Error::Kafka(format!("{}: unexpected offset {other:?}", what()))),
+        }
+    }
+}
+
+/// Assigns `reader` to the partition at `from` and polls until `max` records, the end
+/// (`end`, a last stable offset taken before), or the partition EOF; bounded by `timeout`.
+fn read_range(
+    reader: &BaseConsumer,
+    topic: &str,
+    partition: u32,
+    from: u64,
+    end: u64,
+    max: usize,
+    timeout: Duration,
+) -> Result<Vec<(u64, Record)>> {
+    let p = partition as i32;
+    let what = || format!("cannot read {topic}/{partition} from {from}");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p, Offset::Offset(from as i64))
+        .map_err(|e| kafka_error(&what(), e))?;
+    reader.assign(&tpl).map_err(|e| kafka_error(&what(), e))?;
+    let deadline = Instant::now() + timeout;
+    let mut out: Vec<(u64, Record)> = Vec::with_capacity(max.min(1024));
+    let mut next = from;
+    while out.len() < max && next < end {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Kafka(format!(
+                "{}: reached offset {next} of {end} within {timeout:?}",
+                what()
+            )));
+        }
+        match reader.poll((deadline - now).min(Duration::from_millis(100))) {
+            Some(Ok(m)) => {
+                // Only this assignment's records, each once, in order.
+                let off = m.offset();
+                if m.topic() != topic || m.partition() != p || off < next as i64 {
+                    continue;
+                }
+                next = off as u64 + 1;
+                if next <= end {
+                    out.push((off as u64, to_record(&m)));
+                }
+            }
+            // The end of what is committed: control records (transaction markers) may
+            // sit between the last record and `end`. A pooled reader may still hold an
+            // EOF event of its previous assignment (it names only the partition number),
+            // so only the consumer's position decides.
+            Some(Err(KafkaError::PartitionEOF(eof))) if eof == p => {
+                if position(reader, topic, p).is_some_and(|pos| pos >= end) {
+                    break;
+                }
+            }
+            Some(Err(e)) => return Err(kafka_error(&what(), e)),
+            None => {
+                // Past the last record only markers may remain; the consumer position
+                // moves past them once fetched.
+                if let Some(pos) = position(reader, topic, p)
+                    && pos >= end
+                {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Errors of a partition whose leadership or metadata is settling.
+fn is_transient(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        )
+    )
+}
+
+fn position(reader: &BaseConsumer, topic: &str, partition: i32) -> Option<u64> {
+    let tpl = reader.position().ok()?;
+    match tpl.find_partition(topic, partition)?.offset() {
+        Offset::Offset(n) if n >= 0 => Some(n as u64),
+        _ => None,
+    }
+}
+
+fn to_record(m: &BorrowedMessage<'_>) -> Record {
+    Record {
+        key: m.key().unwrap_or_default().to_vec(),
+        value: m.payload().unwrap_or_default().to_vec(),
+        headers: m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+    }
+}

@@ -1,0 +1,597 @@
+//! The committer thread: group commit of units in one Kafka transaction, then the local
+//! store write, then the answers (see the module docs of `kafka` for the failure rules).
+
+use super::clients::{base_config, kafka_error};
+use super::{Reply, Shared, Stats, TopicPartition};
+use crate::{Append, CommitUnit, Consumed, Error, Receipt, Result, offset_key};
+use eventfold_store::{Batch, EncodedRecord, Store};
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// A unit waiting for the committer, with its records already encoded for the local
+/// cache (encoding runs on the caller's thread).
+pub(in crate::kafka) struct Job {
+    appends: Vec<Append>,
+    encoded: Vec<EncodedRecord>,
+    consumed: Vec<Consumed>,
+    local: Batch,
+    bytes: usize,
+    largest_record: usize,
+    reply: Reply,
+}
+
+impl Job {
+    pub(in crate::kafka) fn new(unit: CommitUnit, reply: Reply) -> Self {
+        let encoded: Vec<EncodedRecord> = unit.appends.iter().map(|a| EncodedRecord::new(&a.record)).collect();
+        let record_bytes = |a: &Append| {
+            let r = &a.record;
+            r.key.len() + r.value.len() + r.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        };
+        Self {
+            largest_record: unit.appends.iter().map(record_bytes).max().unwrap_or(0),
+            bytes: unit.local.bytes() + encoded.iter().map(EncodedRecord::len).sum::<usize>(),
+            appends: unit.appends,
+            encoded,
+            consumed: unit.consumed,
+            local: unit.local,
+            reply,
+        }
+    }
+
+    /// The topic-partitions the unit writes or consumes: what a failure fences.
+    fn partitions(&self) -> impl Iterator<Item = TopicPartition> + '_ {
+        let written = self.appends.iter().map(|a| (a.topic.clone(), a.partition));
+        written.chain(self.consumed.iter().map(|c| (c.topic.clone(), c.partition)))
+    }
+
+    fn needs_transaction(&self) -> bool {
+        !self.appends.is_empty() || !self.consumed.is_empty()
+    }
+}
+
+/// Tags a produced record with its transaction and its index in the group, so that a
+/// late delivery report of an earlier (aborted) transaction is never mistaken.
+struct Tag {
+    seq: u64,
+    index: usize,
+}
+
+/// Delivery reports of the current transaction: the offset of each record, or why it
+/// failed.
+#[derive(Default)]
+struct Reports {
+    seq: u64,
+    slots: Vec<Option<Result<u64, String>>>,
+    received: usize,
+}
+
+/// The producer's context: collects delivery reports (on the producer's polling
+/// thread) and forwards librdkafka's logs.
+#[derive(Default)]
+struct TxContext {
+    reports: Mutex<Reports>,
+    arrived: Condvar,
+}
+
+impl TxContext {
+    fn reset(&self, seq: u64, records: usize) {
+        let mut r = self.reports.lock().expect("reports lock");
+        *r = Reports {
+            seq,
+            slots: vec![None; records],
+            received: 0,
+        };
+    }
+
+    /// Every record's offset once all reports of transaction `seq` arrived (the first
+    /// failure if one failed); waits up to `wait` for them.
+    fn offsets(&self, seq: u64, wait: Duration) -> Option<Result<Vec<u64>, String>> {
+        let r = self.reports.lock().expect("reports lock");
+        let (r, _) = self
+            .arrived
+            .wait_timeout_while(r, wait, |r| r.seq == seq && r.received < r.slots.len())
+            .expect("reports lock");
+        if r.seq != seq || r.received < r.slots.len() {
+            return None;
+        }
+        Some(
+            r.slots
+                .iter()
+                .map(|s| s.clone().expect("every slot is filled"))
+                .collect(),
+        )
+    }
+}
+
+impl ClientContext for TxContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", fac, "{message}");
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => tracing::info!(target: "librdkafka", fac, "{message}"),
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+}
+
+impl ProducerContext for TxContext {
+    type DeliveryOpaque = Box<Tag>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, tag: Box<Tag>) {
+        let mut r = self.reports.lock().expect("reports lock");
+        if tag.seq != r.seq || r.slots.get(tag.index).is_none_or(Option::is_some) {
+            return;
+        }
+        r.slots[tag.index] = Some(match result {
+            Ok(m) if m.offset() >= 0 => Ok(m.offset() as u64),
+            Ok(m) => Err(format!("delivered without an offset ({})", m.offset())),
+            Err((e, _)) => Err(e.to_string()),
+        });
+        r.received += 1;
+        if r.received == r.slots.len() {
+            self.arrived.notify_all();
+        }
+    }
+}
+
+/// A `ThreadedProducer`: its thread serves delivery reports while this thread blocks in
+/// `commit_transaction` or `abort_transaction` (which wait for every outstanding report
+/// to be served; a `BaseProducer` polled only by this thread would deadlock there).
+type TxProducer = ThreadedProducer<TxContext>;
+
+fn is_fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+        )
+    )
+}
+
+/// How a transaction failed, for the callers.
+struct Failed(String);
+
+pub(in crate::kafka) struct Committer {
+    shared: Arc<Shared>,
+    store: Store,
+    stats: Arc<Stats>,
+    producer: Option<TxProducer>,
+    /// Sequence number of the current transaction (delivery report tags).
+    seq: u64,
+    /// Topic-partitions a failed unit wrote or consumed, and why it failed.
+    fenced: HashMap<TopicPartition, String>,
+    /// Set when continuing is unsafe for every partition: refuses all units.
+    poisoned: Option<String>,
+}
+
+impl Committer {
+    pub(in crate::kafka) fn new(shared: Arc<Shared>, store: Store, stats: Arc<Stats>) -> Self {
+        Self {
+            shared,
+            store,
+            stats,
+            producer: None,
+            seq: 0,
+            fenced: HashMap::new(),
+            poisoned: None,
+        }
+    }
+
+    pub(in crate::kafka) fn run(mut self, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Result<()>>) {
+        let init = self.producer().map(drop);
+        let failed = init.is_err();
+        let _ = ready.send(init);
+        if failed {
+            return;
+        }
+        let (max_units, max_bytes) = (self.shared.options.max_group_units, self.shared.options.max_group_bytes);
+        while let Ok(first) = rx.recv() {
+            let mut bytes = first.bytes;
+            let mut jobs = vec![first];
+            while jobs.len() < max_units && bytes < max_bytes {
+                match rx.try_recv() {
+                    Ok(job) => {
+                        bytes += job.bytes;
+                        jobs.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let started = Instant::now();
+            self.commit_group(jobs);
+            self.stats
+                .busy_micros
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The transactional producer, built and initialized if there is none (at start and
+    /// after a failure that dropped the previous one).
+    fn producer(&mut self) -> Result<&TxProducer> {
+        if self.producer.is_none() {
+            let o = &self.shared.options;
+            let timeout_ms = o.transaction_timeout.as_millis().to_string();
+            let producer: TxProducer = base_config(o)
+                .set("transactional.id", &o.transactional_id)
+                .set("transaction.timeout.ms", &timeout_ms)
+                .set("message.timeout.ms", &timeout_ms)
+                .set("linger.ms", "1")
+                .create_with_context(TxContext::default())
+                .map_err(|e| kafka_error("cannot create the transactional Kafka producer", e))?;
+            // Fences any earlier producer with our transactional id and aborts what it
+            // left open: a late EndTxn of a dropped producer cannot decide anything now.
+            producer.init_transactions(o.operation_timeout).map_err(|e| {
+                kafka_error(
+                    &format!(
+                        "cannot initialize transactions for transactional id `{}`",
+                        o.transactional_id
+                    ),
+                    e,
+                )
+            })?;
+            self.producer = Some(producer);
+        }
+        Ok(self.producer.as_ref().expect("just built"))
+    }
+
+    fn commit_group(&mut self, jobs: Vec<Job>) {
+        if let Some(why) = &self.poisoned {
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::Closed(format!(
+                    "the Kafka log stopped ({why}); restart to recover"
+                ))));
+            }
+            return;
+        }
+        let mut ready = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match self.check(&job) {
+                Ok(()) => ready.push(job),
+                Err(e) => {
+                    self.fence(&job, &e.to_string());
+                    let _ = job.reply.send(Err(e));
+                }
+            }
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let write_started = Instant::now();
+        let transacted = ready.iter().any(Job::needs_transaction);
+        let offsets = if transacted {
+            match self.transact(&ready) {
+                Ok(offsets) => offsets,
+                Err(Failed(why)) => {
+                    tracing::error!(error = %why, units = ready.len(), "Kafka transaction failed; its partitions are fenced");
+                    for job in ready {
+                        self.fence(&job, &why);
+                        let _ = job.reply.send(Err(Error::Kafka(format!("transaction failed: {why}"))));
+                    }
+                    return;
+                }
+            }
+        } else {
+            // Only local changes: no transaction, but still in order with the others.
+            Vec::new()
+        };
+        self.finish(ready, offsets, transacted, write_started);
+    }
+
+    /// After the transaction committed: remember the ends for read-your-commits, write
+    /// the local store, count, answer.
+    fn finish(&mut self, ready: Vec<Job>, offsets: Vec<u64>, transacted: bool, write_started: Instant) {
+        {
+            let mut ends = self.shared.committed_ends.lock().expect("committed ends lock");
+            for (a, off) in ready.iter().flat_map(|j| &j.appends).zip(&offsets) {
+                let e = ends.entry((a.topic.clone(), a.partition)).or_insert(0);
+                *e = (*e).max(off + 1);
+            }
+        }
+        let ops: usize = ready
+            .iter()
+            .map(|j| j.local.len() + 2 * j.appends.len() + j.consumed.len())
+            .sum();
+        let mut batch = Batch::with_capacity(ops);
+        let mut receipts = Vec::with_capacity(ready.len());
+        let mut replies = Vec::with_capacity(ready.len());
+        let mut next = offsets.iter().copied();
+        let (mut units, mut records) = (0u64, 0u64);
+        for job in ready {
+            let mine: Vec<u64> = next.by_ref().take(job.appends.len()).collect();
+            for ((a, record), off) in job.appends.iter().zip(job.encoded).zip(&mine) {
+                batch.put_log_encoded(&a.topic, a.partition, *off, record);
+                if let Some((entity, version)) = &a.entity {
+                    batch.put_entity(&a.topic, entity, *version, a.partition, *off);
+                }
+            }
+            for c in &job.consumed {
+                batch.put_meta(&offset_key(&c.group, &c.topic, c.partition), c.next_offset);
+            }
+            batch.append(job.local);
+            units += 1;
+            records += mine.len() as u64;
+            receipts.push(Receipt { offsets: mine });
+            replies.push(job.reply);
+        }
+        let stored = self.store.commit(batch, true);
+        self.stats
+            .write_micros
+            .fetch_add(write_started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if let Err(e) = stored {
+            // Kafka holds the units but the local cache does not: nothing may be built on
+            // this store any more until a restart restores it from Kafka.
+            let why = format!("the transaction committed but the local store write failed: {e}");
+            tracing::error!(error = %why, "Kafka log stops");
+            for reply in replies {
+                let _ = reply.send(Err(Error::Closed(why.clone())));
+            }
+            self.poisoned = Some(why);
+            return;
+        }
+        if transacted {
+            self.stats.group_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats.units.fetch_add(units, Ordering::Relaxed);
+        self.stats.records.fetch_add(records, Ordering::Relaxed);
+        for (reply, receipt) in replies.into_iter().zip(receipts) {
+            let _ = reply.send(Ok(receipt));
+        }
+    }
+
+    fn fence(&mut self, job: &Job, why: &str) {
+        for tp in job.partitions() {
+            self.fenced.entry(tp).or_insert_with(|| why.to_owned());
+        }
+    }
+
+    /// What can be checked before the transaction, so that a bad unit fails alone.
+    fn check(&self, job: &Job) -> Result<()> {
+        if let Some(why) = job.partitions().find_map(|tp| self.fenced.get(&tp)) {
+            return Err(Error::Closed(format!(
+                "an earlier unit for this partition failed ({why}); restart to recover"
+            )));
+        }
+        let o = &self.shared.options;
+        if job.bytes > o.max_unit_bytes {
+            return Err(Error::TooLarge {
+                bytes: job.bytes,
+                limit: o.max_unit_bytes,
+            });
+        }
+        if job.largest_record > o.max_record_bytes {
+            return Err(Error::TooLarge {
+                bytes: job.largest_record,
+                limit: o.max_record_bytes,
+            });
+        }
+        for c in &job.consumed {
+            if c.group.is_empty() {
+                return Err(Error::Config(format!(
+                    "empty consumer group for {}/{}",
+                    c.topic, c.partition
+                )));
+            }
+            if c.next_offset > i64::MAX as u64 {
+                return Err(Error::Config(format!("offset {} out of range", c.next_offset)));
+            }
+        }
+        let mut topics: Vec<&Arc<str>> = job.appends.iter().map(|a| &a.topic).collect();
+        topics.extend(job.consumed.iter().map(|c| &c.topic));
+        topics.sort();
+        topics.dedup();
+        for (topic, partition) in job.partitions() {
+            self.shared.check_partition(&topic, partition)?;
+        }
+        for topic in topics {
+            Store::check_key("topic", topic)?;
+            self.shared.provisioner.ensure(topic)?;
+        }
+        Ok(())
+    }
+
+    /// One transaction for all of `ready`; the offset of every append, in order.
+    fn transact(&mut self, ready: &[Job]) -> Result<Vec<u64>, Failed> {
+        self.producer().map_err(|e| Failed(e.to_string()))?;
+        self.seq += 1;
+        let seq = self.seq;
+        self.transact_steps(ready, seq).map_err(|e| self.recover(e))
+    }
+
+    fn transact_steps(&self, ready: &[Job], seq: u64) -> Result<Vec<u64>, TxError> {
+        let timeout = self.shared.options.operation_timeout;
+        let producer = self.producer.as_ref().expect("built by transact");
+        let records: usize = ready.iter().map(|j| j.appends.len()).sum();
+        producer.context().reset(seq, records);
+        producer
+            .begin_transaction()
+            .map_err(|e| TxError::Kafka("begin_transaction", e))?;
+        self.produce_all(ready, seq).map_err(|e| TxError::Kafka("produce", e))?;
+        self.send_offsets(ready)?;
+        // Every record delivered, with its offset, before the commit: then a commit
+        // that succeeds can be answered at once with every offset. (Not `flush`: the
+        // BaseProducer's flush polls in whole 100 ms slices.)
+        let offsets = self.delivered(seq)?;
+        let faults = &self.shared.options.faults.commit_timeouts;
+        let timeout = match faults.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) {
+            Ok(_) => Duration::ZERO,
+            Err(_) => timeout,
+        };
+        producer
+            .commit_transaction(timeout)
+            .map_err(|e| TxError::Kafka("commit_transaction", e))?;
+        Ok(offsets)
+    }
+
+    fn produce_all(&self, ready: &[Job], seq: u64) -> Result<(), KafkaError> {
+        let producer = self.producer.as_ref().expect("built by transact");
+        let deadline = Instant::now() + self.shared.options.operation_timeout;
+        let appends = ready.iter().flat_map(|j| &j.appends);
+        for (index, a) in appends.enumerate() {
+            let r = &a.record;
+            let headers = r
+                .headers
+                .iter()
+                .fold(OwnedHeaders::new_with_capacity(r.headers.len()), |h, (k, v)| {
+                    h.insert(Header { key: k, value: Some(v) })
+                });
+            let mut record = BaseRecord::with_opaque_to(&a.topic, Box::new(Tag { seq, index }))
+                .partition(a.partition as i32)
+                .key(&r.key[..])
+                .payload(&r.value[..])
+                .headers(headers);
+            // librdkafka reads 0 as "now"; a record keeps its own time otherwise.
+            if r.timestamp_ms > 0 {
+                record = record.timestamp(r.timestamp_ms);
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if Instant::now() < deadline =>
+                    {
+                        record = back;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err((e, _)) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `send_offsets_to_transaction` once per consumer group; per input partition the
+    /// offset of the last unit wins (units are in commit order).
+    fn send_offsets(&self, ready: &[Job]) -> Result<(), TxError> {
+        let mut groups: Vec<(&str, Vec<&Consumed>)> = Vec::new();
+        for c in ready.iter().flat_map(|j| &j.consumed) {
+            match groups.iter_mut().find(|(g, _)| *g == c.group) {
+                Some((_, cs)) => cs.push(c),
+                None => groups.push((&c.group, vec![c])),
+            }
+        }
+        let producer = self.producer.as_ref().expect("built by transact");
+        let stage = "send_offsets_to_transaction";
+        for (group, consumed) in groups {
+            let mut last: HashMap<(&str, u32), u64> = HashMap::new();
+            for c in consumed {
+                last.insert((&c.topic, c.partition), c.next_offset);
+            }
+            let mut tpl = TopicPartitionList::with_capacity(last.len());
+            for ((topic, partition), next) in last {
+                tpl.add_partition_offset(topic, partition as i32, Offset::Offset(next as i64))
+                    .map_err(|e| TxError::Kafka(stage, e))?;
+            }
+            let cgm = self
+                .shared
+                .clients
+                .group_metadata(group)
+                .map_err(|e| TxError::Other("group metadata", e.to_string()))?;
+            producer
+                .send_offsets_to_transaction(&tpl, &cgm, self.shared.options.operation_timeout)
+                .map_err(|e| TxError::Kafka(stage, e))?;
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) for the delivery report of every record of transaction `seq`.
+    ///
+    /// Once a transaction hits an abortable error librdkafka holds its remaining records
+    /// until the abort, so their reports never come: while waiting, probe the
+    /// transaction's state with `begin_transaction`, which inside a healthy transaction
+    /// only answers "invalid state" and otherwise returns the transaction's error.
+    fn delivered(&self, seq: u64) -> Result<Vec<u64>, TxError> {
+        let producer = self.producer.as_ref().expect("built by transact");
+        let deadline = Instant::now() + self.shared.options.operation_timeout;
+        loop {
+            if let Some(offsets) = producer.context().offsets(seq, Duration::from_millis(20)) {
+                return offsets.map_err(|why| TxError::Other("delivery", why));
+            }
+            match producer.begin_transaction() {
+                Err(KafkaError::Transaction(t)) if t.code() == RDKafkaErrorCode::State => {}
+                Err(e) => return Err(TxError::Kafka("produce", e)),
+                Ok(()) => {
+                    return Err(TxError::Other(
+                        "delivery",
+                        "the producer left its transaction while records were outstanding".into(),
+                    ));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(TxError::Other(
+                    "delivery",
+                    format!(
+                        "delivery reports still missing after {:?}",
+                        self.shared.options.operation_timeout
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Ends a failed transaction: abort it if the error allows, otherwise drop the
+    /// producer so the next group builds a new one (a new `init_transactions` bumps the
+    /// epoch, fencing the old one's late requests). Fenced by another producer with our
+    /// transactional id: stop for good.
+    fn recover(&mut self, e: TxError) -> Failed {
+        let (stage, abortable, fatal) = match &e {
+            TxError::Kafka(stage, k) if is_fenced(k) => return self.poison(stage, k),
+            TxError::Kafka(stage, KafkaError::Transaction(t)) => (*stage, t.txn_requires_abort(), t.is_fatal()),
+            // Errors outside librdkafka's transaction state machine happen before the
+            // commit: nothing was committed, abort.
+            TxError::Kafka(stage, _) | TxError::Other(stage, _) => (*stage, *stage != "commit_transaction", false),
+        };
+        let what = match &e {
+            TxError::Kafka(_, k) => k.to_string(),
+            TxError::Other(_, why) => why.clone(),
+        };
+        if abortable && !fatal {
+            let producer = self.producer.as_ref().expect("a failing transaction has a producer");
+            return match producer.abort_transaction(self.shared.options.operation_timeout) {
+                Ok(()) => Failed(format!("{stage} failed ({what}); the transaction was aborted")),
+                Err(abort) if is_fenced(&abort) => self.poison("abort_transaction", &abort),
+                Err(abort) => {
+                    self.producer = None;
+                    Failed(format!(
+                        "{stage} failed ({what}) and so did the abort ({abort}); the producer is rebuilt, the transaction was not committed"
+                    ))
+                }
+            };
+        }
+        self.producer = None;
+        Failed(format!(
+            "{stage} failed ({what}); the outcome of the transaction is unknown (a timed-out commit may still land); the producer is rebuilt"
+        ))
+    }
+
+    fn poison(&mut self, stage: &str, e: &KafkaError) -> Failed {
+        let why = format!(
+            "{stage}: the producer was fenced ({e}): another instance uses transactional id `{}`",
+            self.shared.options.transactional_id
+        );
+        self.producer = None;
+        self.poisoned = Some(why.clone());
+        Failed(why)
+    }
+}
+
+/// A failed step of a transaction.
+enum TxError {
+    Kafka(&'static str, KafkaError),
+    Other(&'static str, String),
+}

@@ -1,0 +1,440 @@
+//! The Kafka backend of [`Log`]: one Kafka transaction per group of commit units.
+//!
+//! **Commit.** [`KafkaLog::commit`](crate::kafka::KafkaLog::commit) enqueues the unit synchronously on a channel read by
+//! one dedicated committer thread (see `committer.rs`). The thread owns a transactional
+//! `ThreadedProducer` (its own thread serves delivery reports); it takes every waiting
+//! unit (bounded by count and bytes) and commits them in **one** transaction (group
+//! commit): `begin_transaction`, every append produced to its explicit partition with key,
+//! value, headers and timestamp, `send_offsets_to_transaction` once per consumer group
+//! for the units' consumed offsets, then it waits for the delivery report of every
+//! record (each carries the record's offset, so every append's offset is known before
+//! the commit), then `commit_transaction`. Only after the transaction committed does it
+//! write the local store in one fsynced batch: every unit's `local` changes, plus the
+//! appended records, their entity index entries and the consumed offsets as a local
+//! cache (so [`Store::entity_events`] works in Kafka mode too). Then it answers the
+//! callers, in enqueue order. A group of units with only local changes needs no
+//! transaction and only writes the store (still in order).
+//!
+//! Consumed offsets are committed for a group the log does not join (its metadata has
+//! generation -1): zombie fencing comes from the transactional id, not from the group
+//! generation (KIP-447). `Consumed::next_offset` should come from the consumer's
+//! position, not "last offset + 1": input topics written transactionally hold markers.
+//!
+//! **Failure.** A unit that cannot be committed alone (partition out of range, too large,
+//! invalid topic, topic with another partition count) fails alone. A failed transaction
+//! fails every unit of its group. Either way the failed units' topic-partitions (written
+//! and consumed) are **fenced**: every later unit touching one of them fails too, until
+//! the log is reopened, because writers pipeline units built on uncommitted ones (the
+//! same rule as the embedded log; other partitions keep working; a unit with only local
+//! changes names no partition and is not fenced). An abortable error
+//! aborts the transaction. A fatal error, or a commit or abort that fails or times out,
+//! drops the producer; the next group builds a new one whose `init_transactions` bumps
+//! the epoch, so a late EndTxn of the old one can never decide a later transaction
+//! (librdkafka lacks KIP-890). Being fenced by another producer with our transactional id
+//! is final: the log refuses everything (fail-stop). Dropping the log commits what is
+//! queued, then stops the committer.
+//!
+//! **Reads** use `read_committed` consumers assigned to one partition (no group
+//! subscription), with bounded waits. [`Log::end_offset`] is the partition's last stable
+//! offset (LSO): librdkafka's watermark query sends `ListOffsets` with the client's
+//! isolation level, so a `read_committed` client gets the LSO, not the high watermark
+//! (the two are equal when no transaction is open on the partition). Offsets have gaps:
+//! each transaction leaves a marker after its records on every partition it wrote.
+//! The broker writes transaction markers *after* it answers `EndTxn`, so right after one
+//! of our commits the LSO may still lag behind it for a moment; this log remembers the end
+//! of what it committed per partition and waits (bounded) until the LSO covers it, so a
+//! caller reads its own commits.
+//!
+//! **Blocking.** Every blocking rdkafka call runs on the committer thread or in
+//! `spawn_blocking`, never on a tokio worker. [`KafkaLog::open`](crate::kafka::KafkaLog::open) itself blocks (it
+//! connects and initializes transactions): call it outside async code or in
+//! `spawn_blocking`.
+
+mod clients;
+mod committer;
+mod provision;
+
+pub use provision::topic_config;
+
+use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result};
+use async_trait::async_trait;
+use clients::Clients;
+use eventfold_core::Record;
+use eventfold_store::Store;
+use provision::Provisioner;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Configs of the topics this log creates.
+#[derive(Debug, Clone)]
+pub struct TopicDefaults {
+    /// Replication factor of new topics (1 for a single test broker; 3 in production).
+    pub replication_factor: i32,
+    /// `retention.ms` of `*.commands` topics.
+    pub commands_retention_ms: i64,
+    /// `retention.ms` of `*.results` topics.
+    pub results_retention_ms: i64,
+}
+
+impl Default for TopicDefaults {
+    fn default() -> Self {
+        Self {
+            replication_factor: 1,
+            commands_retention_ms: 7 * 24 * 3600 * 1000,
+            results_retention_ms: 24 * 3600 * 1000,
+        }
+    }
+}
+
+/// Options of the Kafka log.
+#[derive(Debug, Clone)]
+pub struct KafkaOptions {
+    /// `bootstrap.servers`, e.g. `127.0.0.1:9092`.
+    pub bootstrap_servers: String,
+    /// The partition count of every topic of the app.
+    pub partitions: u32,
+    /// `transactional.id` of the producer: unique per instance, stable across its
+    /// restarts (a restarted instance fences its previous incarnation).
+    pub transactional_id: String,
+    /// `transaction.timeout.ms`: the broker aborts a transaction left open this long.
+    pub transaction_timeout: Duration,
+    /// Bound on every blocking broker call (init, offsets, commit, abort, metadata,
+    /// offset queries) and on each read.
+    pub operation_timeout: Duration,
+    /// Configs of created topics.
+    pub topics: TopicDefaults,
+    /// Largest commit unit accepted, in bytes (records and local changes).
+    pub max_unit_bytes: usize,
+    /// Largest record accepted (key, value and headers), in bytes; keep it below the
+    /// broker's `message.max.bytes`.
+    pub max_record_bytes: usize,
+    /// Most bytes merged into one transaction.
+    pub max_group_bytes: usize,
+    /// Most units merged into one transaction.
+    pub max_group_units: usize,
+    /// Extra librdkafka properties for every client (e.g. security settings).
+    pub client_config: Vec<(String, String)>,
+    /// Fault injection for tests.
+    #[doc(hidden)]
+    pub faults: Faults,
+}
+
+/// Fault injection (tests only): real failures provoked on purpose.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// While positive, each transaction's `commit_transaction` gets a zero timeout (a
+    /// real librdkafka timeout, the outcome left unknown) and the count drops by one.
+    pub commit_timeouts: Arc<AtomicU64>,
+}
+
+impl KafkaOptions {
+    /// Options with defaults for everything but the broker, partition count and id.
+    pub fn new(bootstrap_servers: impl Into<String>, partitions: u32, transactional_id: impl Into<String>) -> Self {
+        Self {
+            bootstrap_servers: bootstrap_servers.into(),
+            partitions,
+            transactional_id: transactional_id.into(),
+            transaction_timeout: Duration::from_secs(60),
+            operation_timeout: Duration::from_secs(30),
+            topics: TopicDefaults::default(),
+            max_unit_bytes: 16 << 20,
+            max_record_bytes: 1_000_000,
+            max_group_bytes: 32 << 20,
+            max_group_units: 4096,
+            client_config: Vec::new(),
+            faults: Faults::default(),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::Config(format!("kafka options: {what}")));
+        if self.bootstrap_servers.trim().is_empty() {
+            return bad("bootstrap servers are empty");
+        }
+        if self.partitions == 0 || self.partitions > i32::MAX as u32 {
+            return bad("partitions must be in 1..=2^31-1");
+        }
+        if self.transactional_id.is_empty() {
+            return bad("the transactional id is empty");
+        }
+        if self.topics.replication_factor < 1 {
+            return bad("the replication factor must be at least 1");
+        }
+        if self.operation_timeout.is_zero() || self.transaction_timeout < Duration::from_secs(1) {
+            return bad("timeouts must be positive (transaction timeout at least 1 s)");
+        }
+        if self.max_group_units == 0 || self.max_record_bytes == 0 {
+            return bad("group and record limits must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Counters of the committer (see [`crate::Stats`]).
+#[derive(Debug, Default)]
+struct Stats {
+    group_commits: AtomicU64,
+    units: AtomicU64,
+    records: AtomicU64,
+    write_micros: AtomicU64,
+    busy_micros: AtomicU64,
+}
+
+impl Stats {
+    fn snapshot(&self) -> crate::Stats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::Stats {
+            group_commits: get(&self.group_commits),
+            units: get(&self.units),
+            records: get(&self.records),
+            write_micros: get(&self.write_micros),
+            busy_micros: get(&self.busy_micros),
+        }
+    }
+}
+
+/// A topic and one of its partitions.
+type TopicPartition = (Arc<str>, u32);
+
+/// What the committer and the readers share.
+struct Shared {
+    options: KafkaOptions,
+    provisioner: Provisioner,
+    clients: Clients,
+    /// Per partition, the offset after the last record this log committed: the LSO must
+    /// reach it before `end_offset` answers (read-your-commits, see the module docs).
+    committed_ends: Mutex<HashMap<TopicPartition, u64>>,
+}
+
+impl Shared {
+    fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
+        if partition >= self.options.partitions {
+            return Err(Error::NoSuchPartition {
+                topic: topic.to_owned(),
+                partition,
+                partitions: self.options.partitions,
+            });
+        }
+        Ok(())
+    }
+
+    /// The last stable offset of `topic`/`partition`, once it covers our own commits.
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        self.check_partition(topic, partition)?;
+        self.provisioner.ensure(topic)?;
+        let ours = self
+            .committed_ends
+            .lock()
+            .expect("committed ends lock")
+            .get(&(Arc::from(topic), partition))
+            .copied()
+            .unwrap_or(0);
+        let deadline = Instant::now() + self.options.operation_timeout;
+        loop {
+            let lso = self.clients.last_stable_offset(topic, partition)?;
+            if lso >= ours {
+                return Ok(lso);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Kafka(format!(
+                    "the last stable offset of {topic}/{partition} stays at {lso} although this log committed records up to {ours}: an open transaction holds it back"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+        let end = self.end_offset(topic, partition)?;
+        if max == 0 || from >= end {
+            return Ok(Vec::new());
+        }
+        self.clients.read(topic, partition, from, end, max)
+    }
+
+    fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        self.check_partition(topic, partition)?;
+        self.clients.committed_offset(group, topic, partition)
+    }
+}
+
+/// The Kafka backend of [`Log`] (see the module docs).
+pub struct KafkaLog {
+    shared: Arc<Shared>,
+    store: Store,
+    tx: Option<mpsc::Sender<committer::Job>>,
+    committer: Option<std::thread::JoinHandle<()>>,
+    stats: Arc<Stats>,
+}
+
+impl KafkaLog {
+    /// Connects to the broker, initializes the transactional producer and starts the
+    /// committer thread. Blocks (up to the operation timeout): in async code, call it in
+    /// `spawn_blocking`.
+    pub fn open(options: KafkaOptions, store: Store) -> Result<Self> {
+        options.validate()?;
+        claim_store(&store, options.partitions)?;
+        let clients = Clients::new(&options)?;
+        clients.check_reachable(options.operation_timeout)?;
+        let provisioner = Provisioner::new(&options)?;
+        let shared = Arc::new(Shared {
+            options,
+            provisioner,
+            clients,
+            committed_ends: Mutex::new(HashMap::new()),
+        });
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let committer = committer::Committer::new(shared.clone(), store.clone(), stats.clone());
+        let handle = std::thread::Builder::new()
+            .name("eventfold-kafka-commit".into())
+            .spawn(move || committer.run(rx, ready_tx))
+            .map_err(|e| Error::Closed(format!("cannot start the committer thread: {e}")))?;
+        // The committer initializes its producer first, so a broker that refuses
+        // transactions fails `open` rather than the first commit.
+        let ready = ready_rx
+            .recv()
+            .unwrap_or_else(|_| Err(Error::Closed("the committer thread died while starting".into())));
+        if let Err(e) = ready {
+            drop(tx);
+            let _ = handle.join();
+            return Err(e);
+        }
+        Ok(Self {
+            shared,
+            store,
+            tx: Some(tx),
+            committer: Some(handle),
+            stats,
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Shared) -> Result<T> + Send + 'static) -> Result<T> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || f(&shared))
+            .await
+            .map_err(|e| Error::Closed(format!("a Kafka call panicked or was cancelled: {e}")))?
+    }
+}
+
+impl Drop for KafkaLog {
+    /// Closes the queue and waits for the committer to finish the group it is committing
+    /// (bounded by the operation timeouts), so the store is released when this returns.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(handle) = self.committer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+#[async_trait]
+impl Log for KafkaLog {
+    fn backend(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.shared.options.partitions
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn stats(&self) -> crate::Stats {
+        self.stats.snapshot()
+    }
+
+    fn commit(&self, unit: CommitUnit) -> CommitFuture {
+        let (reply, rx) = oneshot::channel();
+        // Enqueued here, synchronously: the committer takes units in this order.
+        let sent = match &self.tx {
+            Some(tx) => tx
+                .send(committer::Job::new(unit, reply))
+                .map_err(|_| Error::Closed("the Kafka committer thread stopped".into())),
+            None => Err(Error::Closed("the Kafka log is closed".into())),
+        };
+        Box::pin(async move {
+            sent?;
+            rx.await
+                .map_err(|_| Error::Closed("the Kafka committer thread stopped".into()))?
+        })
+    }
+
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+        self.shared.check_partition(topic, partition)?;
+        let topic = topic.to_owned();
+        self.blocking(move |s| s.read(&topic, partition, from, max)).await
+    }
+
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        self.shared.check_partition(topic, partition)?;
+        let topic = topic.to_owned();
+        self.blocking(move |s| s.end_offset(&topic, partition)).await
+    }
+
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        self.shared.check_partition(topic, partition)?;
+        let (group, topic) = (group.to_owned(), topic.to_owned());
+        self.blocking(move |s| s.committed_offset(&group, &topic, partition))
+            .await
+    }
+}
+
+/// The partition count the local store was created with (shared with the embedded log).
+const PARTITIONS_KEY: &str = "log/partitions";
+/// Set in a store used by the Kafka log: its log table caches Kafka's offsets.
+const KAFKA_KEY: &str = "log/kafka";
+
+/// Refuses a store created with another partition count, or by the embedded log (its log
+/// table holds the embedded log's own offsets, which Kafka's would collide with); marks a
+/// new store as the Kafka log's.
+fn claim_store(store: &Store, partitions: u32) -> Result<()> {
+    let count = store.get_meta(PARTITIONS_KEY)?;
+    let kafka = store.get_meta(KAFKA_KEY)?;
+    match (count, kafka) {
+        (Some(n), _) if n != u64::from(partitions) => Err(Error::Config(format!(
+            "the data directory was created with {n} partitions, not {partitions}; start with --partitions {n} or use another data directory"
+        ))),
+        (Some(_), None) => Err(Error::Config(
+            "the data directory belongs to the embedded log; Kafka mode needs its own data directory".into(),
+        )),
+        (Some(_), Some(_)) => Ok(()),
+        (None, _) => {
+            let mut b = eventfold_store::Batch::new();
+            b.put_meta(PARTITIONS_KEY, u64::from(partitions));
+            b.put_meta(KAFKA_KEY, 1);
+            Ok(store.commit(b, true)?)
+        }
+    }
+}
+
+/// Runs `fut` to completion on the current thread. For rdkafka's admin futures, which
+/// are completed by librdkafka's own threads and need no async runtime; used only on the
+/// committer thread and in `spawn_blocking`.
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// Where the committer answers a unit.
+type Reply = oneshot::Sender<Result<Receipt>>;

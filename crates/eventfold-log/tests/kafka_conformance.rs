@@ -1,0 +1,468 @@
+//! The Log conformance suite against the Kafka backend and a REAL Apache Kafka broker.
+//!
+//! The broker address is `EVENTFOLD_KAFKA_BOOTSTRAP` (default `127.0.0.1:9092`); start one
+//! with `scripts/kafka/broker.sh start` (scripts/test.sh does). Without a broker these tests
+//! fail: Kafka tests never skip silently.
+
+use async_trait::async_trait;
+use eventfold_log::conformance::{Factory, run_all};
+use eventfold_log::kafka::{KafkaLog, KafkaOptions};
+use eventfold_log::{Append, CommitUnit, Error, Log};
+use eventfold_store::{Store, StoreOptions};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+const PARTITIONS: u32 = 4;
+
+fn bootstrap() -> String {
+    std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// Fails the test with the way out when no broker listens.
+fn require_broker() -> String {
+    let bootstrap = bootstrap();
+    let first = bootstrap.split(',').next().unwrap_or_default().trim().to_owned();
+    let reachable = first
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok());
+    assert!(
+        reachable,
+        "no Kafka broker at {bootstrap} (EVENTFOLD_KAFKA_BOOTSTRAP): start one with `scripts/kafka/broker.sh start` \
+         (Kafka tests never skip)"
+    );
+    bootstrap
+}
+
+fn options(bootstrap: &str, partitions: u32, prefix: &str) -> KafkaOptions {
+    let mut o = KafkaOptions::new(bootstrap, partitions, format!("{prefix}-tx"));
+    o.operation_timeout = Duration::from_secs(20);
+    o
+}
+
+/// Opens a KafkaLog over the same broker topics and the same store directory each time.
+/// While a log from an earlier call is alive it is returned (one fjall handle per
+/// directory); once dropped, the next call really reopens (a new producer with the same
+/// transactional id, the store replayed from disk).
+struct Kafka {
+    bootstrap: String,
+    prefix: String,
+    dir: PathBuf,
+    current: Mutex<Weak<KafkaLog>>,
+    opened: Mutex<u32>,
+}
+
+#[async_trait]
+impl Factory for Kafka {
+    async fn open(&self) -> Arc<dyn Log> {
+        if let Some(log) = self.current.lock().unwrap().upgrade() {
+            return log;
+        }
+        let (bootstrap, prefix, dir) = (self.bootstrap.clone(), self.prefix.clone(), self.dir.clone());
+        let log = tokio::task::spawn_blocking(move || {
+            let store = Store::open(&dir, &StoreOptions::default()).expect("open the local store");
+            KafkaLog::open(options(&bootstrap, PARTITIONS, &prefix), store)
+        })
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| {
+            panic!("cannot open the Kafka log ({e}); is the broker up? `scripts/kafka/broker.sh start`")
+        });
+        let log = Arc::new(log);
+        *self.current.lock().unwrap() = Arc::downgrade(&log);
+        *self.opened.lock().unwrap() += 1;
+        log
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_log_passes_the_conformance_suite() {
+    let bootstrap = require_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("conf-{}", uuid::Uuid::now_v7().simple());
+    let f = Kafka {
+        bootstrap,
+        prefix: prefix.clone(),
+        dir: dir.path().to_owned(),
+        current: Mutex::new(Weak::new()),
+        opened: Mutex::new(0),
+    };
+    let started = Instant::now();
+    run_all(&f, &prefix).await;
+    eprintln!(
+        "kafka conformance suite: {:.1} s, {} opens of the log",
+        started.elapsed().as_secs_f64(),
+        f.opened.lock().unwrap()
+    );
+    throughput(&*f.open().await, &prefix).await;
+}
+
+/// Not a check: prints what group commit achieves here (16 concurrent writers, each
+/// with 4 units in flight) and how long reads take.
+async fn throughput(log: &dyn Log, prefix: &str) {
+    let t: Arc<str> = Arc::from(format!("{prefix}.throughput"));
+    let before = log.stats();
+    let started = Instant::now();
+    let t = &t;
+    let writers = (0..16u32).map(|w| async move {
+        let mut pending = std::collections::VecDeque::new();
+        for i in 0..100u32 {
+            let record = eventfold_core::Record {
+                key: format!("w{w}").into_bytes(),
+                value: format!("{w}:{i}").into_bytes(),
+                headers: vec![],
+                timestamp_ms: 1,
+            };
+            pending.push_back(log.commit(CommitUnit {
+                appends: vec![Append {
+                    topic: t.clone(),
+                    partition: w % PARTITIONS,
+                    record,
+                    entity: None,
+                }],
+                ..Default::default()
+            }));
+            if pending.len() >= 4 {
+                pending.pop_front().unwrap().await.unwrap();
+            }
+        }
+        for p in pending {
+            p.await.unwrap();
+        }
+    });
+    futures_join_all(writers).await;
+    let secs = started.elapsed().as_secs_f64();
+    let s = log.stats();
+    let (txns, units) = (s.group_commits - before.group_commits, s.units - before.units);
+    let read_started = Instant::now();
+    let mut read = 0;
+    for p in 0..PARTITIONS {
+        read += log.read(t, p, 0, 10_000).await.unwrap().len();
+    }
+    assert_eq!(read, 1600, "every unit of the throughput run is readable");
+    eprintln!(
+        "kafka throughput: {units} units in {txns} transactions in {secs:.2} s: {:.0} units/s, {:.0} transactions/s, {:.1} units per transaction; reading 4 partitions of 400: {:.0} ms",
+        units as f64 / secs,
+        txns as f64 / secs,
+        units as f64 / txns.max(1) as f64,
+        read_started.elapsed().as_secs_f64() * 1e3,
+    );
+}
+
+/// Polls every future to completion (no extra dependency for a join).
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send>(futures: impl Iterator<Item = F>) {
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// An existing topic with another partition count is refused, naming the topic and both
+/// counts; the log keeps serving its other topics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_with_another_partition_count_is_refused() {
+    let bootstrap = require_broker();
+    let prefix = format!("parts-{}", uuid::Uuid::now_v7().simple());
+    let topic: Arc<str> = Arc::from(format!("{prefix}.order.events"));
+    let dir = tempfile::tempdir().unwrap();
+    let open = |partitions: u32| {
+        let (bootstrap, prefix) = (bootstrap.clone(), prefix.clone());
+        let dir = dir.path().join(partitions.to_string());
+        tokio::task::spawn_blocking(move || {
+            let store = Store::open(&dir, &StoreOptions::default()).unwrap();
+            KafkaLog::open(
+                options(&bootstrap, partitions, &format!("{prefix}-{partitions}")),
+                store,
+            )
+            .unwrap()
+        })
+    };
+    let unit = |topic: &Arc<str>| CommitUnit {
+        appends: vec![Append {
+            topic: topic.clone(),
+            partition: 0,
+            record: Default::default(),
+            entity: None,
+        }],
+        ..Default::default()
+    };
+    // Created with 2 partitions by a first log.
+    let two = open(2).await.unwrap();
+    two.commit(unit(&topic)).await.unwrap();
+    drop(two);
+
+    let four = open(4).await.unwrap();
+    let check = |e: Error, what: &str| {
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::Config(_)),
+            "{what}: a configuration error, got {msg}"
+        );
+        for part in [&*topic, "2 partitions", "expects 4"] {
+            assert!(msg.contains(part), "{what}: `{msg}` names {part:?}");
+        }
+    };
+    check(four.end_offset(&topic, 0).await.unwrap_err(), "end_offset");
+    check(four.read(&topic, 0, 0, 10).await.unwrap_err(), "read");
+    check(four.commit(unit(&topic)).await.unwrap_err(), "commit");
+    let other: Arc<str> = Arc::from(format!("{prefix}.order.state"));
+    four.commit(unit(&other)).await.expect("other topics keep working");
+    assert_eq!(four.read(&other, 0, 0, 10).await.unwrap().len(), 1);
+}
+
+/// Opens a log with `options` on a new store directory under `dir`.
+async fn open_log(options: KafkaOptions, dir: &tempfile::TempDir, name: &str) -> KafkaLog {
+    let path = dir.path().join(name);
+    tokio::task::spawn_blocking(move || {
+        KafkaLog::open(options, Store::open(&path, &StoreOptions::default()).unwrap()).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn one(topic: &Arc<str>, partition: u32, value: Vec<u8>) -> CommitUnit {
+    CommitUnit {
+        appends: vec![Append {
+            topic: topic.clone(),
+            partition,
+            record: eventfold_core::Record {
+                key: b"k".to_vec(),
+                value,
+                headers: vec![],
+                timestamp_ms: 1,
+            },
+            entity: None,
+        }],
+        ..Default::default()
+    }
+}
+
+/// A unit refused before its transaction fails alone and fences its partition; a
+/// transaction the broker rejects is aborted (nothing of it is visible), fails its units
+/// and fences their partitions; the log keeps committing to other partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_fence_their_partitions_and_others_keep_working() {
+    let bootstrap = require_broker();
+    let prefix = format!("fail-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(&bootstrap, 4, &prefix);
+    // Let a 2 MB record through the client so that the broker (message.max.bytes of
+    // about 1 MB) rejects it inside the transaction: an abortable error.
+    o.max_record_bytes = 4 << 20;
+    o.client_config
+        .push(("message.max.bytes".into(), (8 << 20).to_string()));
+    let log = open_log(o, &dir, "a").await;
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+
+    // Refused alone (partition out of range): later units elsewhere are unaffected.
+    assert!(log.commit(one(&t, 4, b"x".to_vec())).await.is_err());
+
+    // Rejected by the broker: the small record of the same unit is aborted with it.
+    let mut bad = one(&t, 0, vec![b'x'; 2 << 20]);
+    bad.appends.push(one(&t, 0, b"small".to_vec()).appends.remove(0));
+    let e = log
+        .commit(bad)
+        .await
+        .expect_err("a 2 MB record is refused by the broker");
+    assert!(matches!(e, Error::Kafka(_)), "{e}");
+    assert!(e.to_string().contains("aborted"), "the transaction was aborted: {e}");
+    assert!(
+        log.read(&t, 0, 0, 10).await.unwrap().is_empty(),
+        "nothing aborted is visible"
+    );
+
+    // The producer survived the abort: other partitions commit.
+    let ok = log.commit(one(&t, 1, b"after".to_vec())).await.unwrap();
+    assert_eq!(log.read(&t, 1, 0, 10).await.unwrap()[0].0, ok.offsets[0]);
+
+    // Partition 0 is fenced: a unit built after a failed one must not land.
+    let e = log.commit(one(&t, 0, b"later".to_vec())).await.unwrap_err();
+    assert!(e.to_string().contains("earlier unit"), "{e}");
+    assert_eq!(log.stats().group_commits, 1);
+}
+
+/// A second instance with the same transactional id fences the first, which then refuses
+/// every unit (fail-stop) while the second commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_fenced_by_another_instance_stops() {
+    let bootstrap = require_broker();
+    let prefix = format!("fence-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let first = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    first.commit(one(&t, 0, b"1".to_vec())).await.unwrap();
+    let second = open_log(options(&bootstrap, 2, &prefix), &dir, "b").await;
+    let e = first.commit(one(&t, 1, b"zombie".to_vec())).await.unwrap_err();
+    assert!(e.to_string().contains("fenced"), "{e}");
+    let e = first.commit(one(&t, 0, b"zombie".to_vec())).await.unwrap_err();
+    assert!(matches!(e, Error::Closed(_)), "every later unit is refused: {e}");
+    second.commit(one(&t, 1, b"2".to_vec())).await.unwrap();
+    let values = |r: Vec<(u64, eventfold_core::Record)>| r.into_iter().map(|(_, r)| r.value).collect::<Vec<_>>();
+    assert_eq!(values(second.read(&t, 0, 0, 10).await.unwrap()), vec![b"1".to_vec()]);
+    assert_eq!(values(second.read(&t, 1, 0, 10).await.unwrap()), vec![b"2".to_vec()]);
+}
+
+/// Reads end at the end of committed data without waiting out a timeout, also when only a
+/// transaction marker lies between `from` and the end, and when readers are reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_stop_at_transaction_markers_without_waiting() {
+    let bootstrap = require_broker();
+    let prefix = format!("marker-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let log = {
+        let (bootstrap, prefix, dir) = (bootstrap.clone(), prefix.clone(), dir.path().to_owned());
+        tokio::task::spawn_blocking(move || {
+            KafkaLog::open(
+                options(&bootstrap, 2, &prefix),
+                Store::open(&dir, &StoreOptions::default()).unwrap(),
+            )
+            .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let unit = CommitUnit {
+        appends: vec![Append {
+            topic: t.clone(),
+            partition: 1,
+            record: Default::default(),
+            entity: None,
+        }],
+        ..Default::default()
+    };
+    let off = log.commit(unit).await.unwrap().offsets[0];
+    let end = log.end_offset(&t, 1).await.unwrap();
+    assert_eq!(end, off + 2, "one record and its commit marker");
+    for round in 0..5 {
+        let started = Instant::now();
+        assert_eq!(log.read(&t, 1, 0, 10).await.unwrap().len(), 1);
+        assert!(
+            log.read(&t, 1, off + 1, 10).await.unwrap().is_empty(),
+            "only the marker is left"
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "round {round}: two reads took {took:?}");
+        eprintln!("round {round}: two reads in {took:?}");
+    }
+}
+
+/// Topics are created on first use with the configs of their suffix (DESIGN §2), as the
+/// broker reports them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_are_created_with_the_configs_of_their_suffix() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+
+    let bootstrap = require_broker();
+    let prefix = format!("cfg-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_log(options(&bootstrap, 3, &prefix), &dir, "a").await;
+    let want = [
+        ("events", "cleanup.policy", "delete"),
+        ("events", "retention.ms", "-1"),
+        ("state", "cleanup.policy", "compact"),
+        ("results", "cleanup.policy", "delete"),
+        ("results", "retention.ms", "86400000"),
+        ("commands", "retention.ms", "604800000"),
+    ];
+    for (suffix, _, _) in want {
+        let t = format!("{prefix}.order.{suffix}");
+        assert_eq!(log.end_offset(&t, 2).await.unwrap(), 0, "{t} is created empty");
+    }
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for (suffix, key, value) in want {
+        let t = format!("{prefix}.order.{suffix}");
+        let got = admin
+            .describe_configs([&ResourceSpecifier::Topic(&t)], &AdminOptions::new())
+            .await
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        let entry = got.get(key).unwrap_or_else(|| panic!("{t} has {key}"));
+        assert_eq!(entry.value.as_deref(), Some(value), "{t}: {key}");
+    }
+}
+
+/// A data directory of the embedded log, or of a Kafka log with another partition count,
+/// is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_of_another_log_is_refused() {
+    let bootstrap = require_broker();
+    let prefix = format!("dir-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let (embedded, kafka) = (dir.path().join("embedded"), dir.path().join("kafka"));
+    tokio::task::spawn_blocking(move || {
+        let store = || Store::open(&embedded, &StoreOptions::default()).unwrap();
+        drop(eventfold_log::embedded::EmbeddedLog::open(store(), Default::default()).unwrap());
+        std::thread::sleep(Duration::from_millis(200)); // the committer thread lets go of the store
+        let e = KafkaLog::open(options(&bootstrap, 8, &prefix), store())
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("embedded log"), "{e}");
+
+        let store = || Store::open(&kafka, &StoreOptions::default()).unwrap();
+        drop(KafkaLog::open(options(&bootstrap, 2, &prefix), store()).unwrap());
+        let e = KafkaLog::open(options(&bootstrap, 3, &prefix), store())
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(e, Error::Config(_)) && e.to_string().contains("2 partitions"),
+            "{e}"
+        );
+    })
+    .await
+    .unwrap();
+}
+
+/// A commit that times out leaves its outcome unknown: its units fail, their partitions
+/// are fenced, the producer is rebuilt (a new `init_transactions` settles the old
+/// transaction first), and later units of other partitions commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_commit_rebuilds_the_producer() {
+    let bootstrap = require_broker();
+    let prefix = format!("timeout-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let o = options(&bootstrap, 3, &prefix);
+    let faults = o.faults.commit_timeouts.clone();
+    let log = open_log(o, &dir, "a").await;
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    log.commit(one(&t, 0, b"before".to_vec())).await.unwrap();
+
+    faults.store(1, std::sync::atomic::Ordering::Relaxed);
+    let e = log.commit(one(&t, 1, b"unknown".to_vec())).await.unwrap_err();
+    assert!(
+        e.to_string().contains("unknown") && e.to_string().contains("rebuilt"),
+        "{e}"
+    );
+
+    let ok = log
+        .commit(one(&t, 2, b"after".to_vec()))
+        .await
+        .expect("a new producer commits");
+    assert_eq!(log.read(&t, 2, 0, 10).await.unwrap()[0].0, ok.offsets[0]);
+    let e = log.commit(one(&t, 1, b"later".to_vec())).await.unwrap_err();
+    assert!(e.to_string().contains("earlier unit"), "partition 1 is fenced: {e}");
+    // Whatever became of the timed-out transaction, it is settled: reads do not hang.
+    let landed = log.read(&t, 1, 0, 10).await.unwrap();
+    assert!(landed.len() <= 1, "{landed:?}");
+    eprintln!(
+        "the timed-out commit {}",
+        if landed.is_empty() { "was aborted" } else { "landed" }
+    );
+}
