@@ -11,6 +11,7 @@ pub mod error;
 pub mod harness;
 pub mod partition;
 pub mod position;
+pub mod projection;
 pub mod testing;
 pub mod time;
 
@@ -19,3 +20,4 @@ pub use envelope::{EventView, Outcome, Record};
 pub use error::{Error, Result};
 pub use harness::AggregateTest;
 pub use position::Position;
+pub use projection::{Index, IndexKind, IndexValue, Projection, ProjectionTest, ViewChanges};

@@ -70,6 +70,8 @@ impl From<Error> for ApiError {
             }
             Error::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_error", None),
             Error::Log(_) => (StatusCode::INTERNAL_SERVER_ERROR, "commit_failed", None),
+            Error::UnknownView(_) => (StatusCode::NOT_FOUND, "unknown_view", None),
+            Error::ViewBehind { .. } => (StatusCode::GATEWAY_TIMEOUT, "view_behind", None),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal", None),
         };
         if status.is_server_error() {
@@ -79,6 +81,7 @@ impl From<Error> for ApiError {
             Error::VersionMismatch { expected, actual } => {
                 Some(json!({"expected_version": expected, "actual_version": actual}))
             }
+            Error::ViewBehind { position, .. } => Some(json!({"position": position})),
             _ => None,
         };
         Self {

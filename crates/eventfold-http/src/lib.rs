@@ -5,6 +5,7 @@
 
 mod error;
 mod routes;
+mod views;
 
 pub use axum::Router;
 pub use error::ApiError;

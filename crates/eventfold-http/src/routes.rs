@@ -29,6 +29,8 @@ pub struct HttpOptions {
     pub max_events_page: usize,
     /// Address shown in `/v1/cluster`.
     pub advertised_address: String,
+    /// How long a view query waits for its `min_position` before 504 (5 s).
+    pub view_wait: Duration,
 }
 
 impl Default for HttpOptions {
@@ -37,14 +39,15 @@ impl Default for HttpOptions {
             max_body_bytes: 64 * 1024,
             max_events_page: 1000,
             advertised_address: String::new(),
+            view_wait: Duration::from_secs(5),
         }
     }
 }
 
 #[derive(Clone)]
-struct App {
-    runtime: Runtime,
-    options: Arc<HttpOptions>,
+pub(crate) struct App {
+    pub(crate) runtime: Runtime,
+    pub(crate) options: Arc<HttpOptions>,
 }
 
 /// The API router over `runtime`.
@@ -58,6 +61,8 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
         .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
         .route("/v1/aggregates/{type}/{id}", get(get_state))
         .route("/v1/aggregates/{type}/{id}/events", get(get_events))
+        .route("/v1/views/{view}", get(crate::views::query))
+        .route("/v1/views/{view}/{key}", get(crate::views::get_row))
         .route("/v1/cluster", get(cluster))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

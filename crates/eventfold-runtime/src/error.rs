@@ -53,6 +53,18 @@ pub enum Error {
     /// The runtime is shutting down (503).
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// No view of that name is registered (404).
+    #[error("unknown view `{0}`")]
+    UnknownView(String),
+    /// The view did not apply the requested position in time (504); `position` is how far
+    /// it got.
+    #[error("view `{view}` did not reach the requested position within {waited:?}{}", if failures.is_empty() { String::new() } else { format!(" (stopped: {})", failures.join("; ")) })]
+    ViewBehind {
+        view: String,
+        waited: Duration,
+        position: String,
+        failures: Vec<String>,
+    },
 }
 
 /// Result alias of eventfold-runtime.

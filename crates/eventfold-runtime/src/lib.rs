@@ -7,6 +7,9 @@
 //! Callers are answered only after the commit is durable (I4).
 //!
 //! The HTTP layer talks to type-erased [`AggregateService`]s through a [`Runtime`].
+//!
+//! Registered views ([`RuntimeBuilder::view`]) run one projection task per source
+//! partition (see [`view`]) and answer queries through [`ViewService`].
 
 pub mod clock;
 pub mod error;
@@ -14,8 +17,10 @@ pub mod metrics;
 mod processor;
 mod runtime;
 mod service;
+pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
 pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};
+pub use view::{Condition, Query, QueryPage, ViewOptions, ViewService};

@@ -5,7 +5,8 @@ use crate::error::{Error, Result};
 use crate::metrics::AggregateMetrics;
 use crate::processor::{PartitionShared, Processor, ProcessorConfig};
 use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
-use eventfold_core::Aggregate;
+use crate::view::{ViewOptions, ViewService};
+use eventfold_core::{Aggregate, Projection};
 use eventfold_log::Log;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -56,6 +57,10 @@ impl Default for RuntimeOptions {
     }
 }
 
+type ViewStarter = Box<
+    dyn FnOnce(&Arc<dyn Log>, &BTreeMap<String, Arc<dyn AggregateService>>, &ViewOptions) -> Arc<ViewService> + Send,
+>;
+
 type Starter = Box<dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>) -> Arc<dyn AggregateService> + Send>;
 
 /// Registers aggregate types, then starts their processors.
@@ -63,9 +68,40 @@ pub struct RuntimeBuilder {
     options: RuntimeOptions,
     clock: Arc<dyn Clock>,
     starters: Vec<(&'static str, Starter)>,
+    views: Vec<(&'static str, ViewStarter)>,
+    view_options: ViewOptions,
 }
 
 impl RuntimeBuilder {
+    /// Registers the view of projection `P` (its source aggregate type must be registered
+    /// too, before `build`).
+    pub fn view<P: Projection>(mut self) -> Self {
+        assert!(
+            self.views.iter().all(|(n, _)| *n != P::VIEW),
+            "view `{}` registered twice",
+            P::VIEW
+        );
+        eventfold_store::Store::check_key("view name", P::VIEW).expect("view names must be valid keys");
+        let starter: ViewStarter = Box::new(|log, services, options| {
+            let source = <P::Source as Aggregate>::TYPE;
+            let svc = services.get(source).unwrap_or_else(|| {
+                panic!(
+                    "view `{}` reads aggregate type `{source}`, which is not registered",
+                    P::VIEW
+                )
+            });
+            crate::view::start::<P>(log, svc, options)
+        });
+        self.views.push((P::VIEW, starter));
+        self
+    }
+
+    /// Uses `options` for the view processors and queries.
+    pub fn view_options(mut self, options: ViewOptions) -> Self {
+        self.view_options = options;
+        self
+    }
+
     /// Uses `clock` for record timestamps and dedup expiry.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -91,9 +127,14 @@ impl RuntimeBuilder {
         for (name, starter) in self.starters {
             services.insert(name.to_owned(), starter(&log, &self.options, &self.clock));
         }
+        let mut views = BTreeMap::new();
+        for (name, starter) in self.views {
+            views.insert(name.to_owned(), starter(&log, &services, &self.view_options));
+        }
         Runtime {
             inner: Arc::new(Inner {
                 services,
+                views,
                 log,
                 options: self.options,
             }),
@@ -147,6 +188,7 @@ fn start<A: Aggregate>(
 
 struct Inner {
     services: BTreeMap<String, Arc<dyn AggregateService>>,
+    views: BTreeMap<String, Arc<ViewService>>,
     log: Arc<dyn Log>,
     options: RuntimeOptions,
 }
@@ -172,6 +214,8 @@ impl Runtime {
             options,
             clock: Arc::new(SystemClock),
             starters: Vec::new(),
+            views: Vec::new(),
+            view_options: ViewOptions::default(),
         }
     }
 
@@ -186,6 +230,19 @@ impl Runtime {
     /// Names of the registered aggregate types.
     pub fn aggregate_names(&self) -> impl Iterator<Item = &str> {
         self.inner.services.keys().map(String::as_str)
+    }
+
+    /// The view `name`.
+    pub fn view(&self, name: &str) -> Result<&Arc<ViewService>> {
+        self.inner
+            .views
+            .get(name)
+            .ok_or_else(|| Error::UnknownView(name.to_owned()))
+    }
+
+    /// Names of the registered views.
+    pub fn view_names(&self) -> impl Iterator<Item = &str> {
+        self.inner.views.keys().map(String::as_str)
     }
 
     /// The log this runtime commits to.
@@ -292,6 +349,18 @@ impl Runtime {
                 "eventfold_partition_queued_commands{{aggregate=\"{}\",partition=\"{}\"}} {}",
                 p.aggregate, p.partition, p.queued
             );
+        }
+        let (mut applied, mut conflicts) = (String::new(), String::new());
+        for v in self.inner.views.values() {
+            v.render_metrics(&mut applied, &mut conflicts);
+        }
+        if !applied.is_empty() {
+            out.push_str("# HELP eventfold_view_applied_offset Next source offset a view partition will apply.\n# TYPE eventfold_view_applied_offset gauge\n");
+            out.push_str(&applied);
+        }
+        if !conflicts.is_empty() {
+            out.push_str("# HELP eventfold_view_unique_conflicts_total Rows not indexed because another row holds the unique value.\n# TYPE eventfold_view_unique_conflicts_total counter\n");
+            out.push_str(&conflicts);
         }
         out
     }

@@ -21,17 +21,24 @@ pub enum Table {
     DedupExpiry,
     /// Checkpoints and consumer offsets: name -> u64.
     Meta,
+    /// View rows: `view 0 key` -> framed JSON document.
+    ViewRow,
+    /// View index entries: `view 0 index 0 value` (unique) or `view 0 index 0 value key`,
+    /// the value order-preserving (see [`crate::view::encode_value`]) -> framed row key.
+    ViewIndex,
 }
 
 impl Table {
     /// All tables.
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 8] = [
         Table::Log,
         Table::Entity,
         Table::State,
         Table::Dedup,
         Table::DedupExpiry,
         Table::Meta,
+        Table::ViewRow,
+        Table::ViewIndex,
     ];
 
     /// The keyspace name.
@@ -43,6 +50,8 @@ impl Table {
             Table::Dedup => "dedup",
             Table::DedupExpiry => "dedup_expiry",
             Table::Meta => "meta",
+            Table::ViewRow => "view_row",
+            Table::ViewIndex => "view_index",
         }
     }
 }
@@ -100,7 +109,7 @@ pub struct EntityEvent {
 #[derive(Clone)]
 pub struct Store {
     db: Database,
-    tables: [Keyspace; 6],
+    tables: [Keyspace; 8],
 }
 
 impl std::fmt::Debug for Store {
@@ -116,7 +125,7 @@ fn check_component(what: &str, s: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn key2(a: &[u8], b: &[u8]) -> Vec<u8> {
+pub(crate) fn key2(a: &[u8], b: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(a.len() + b.len() + 1);
     k.extend_from_slice(a);
     k.push(0);
@@ -163,7 +172,7 @@ fn printable(key: &[u8]) -> String {
         .collect()
 }
 
-fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
+pub(crate) fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
     Error::Corrupt {
         table: table.name(),
         key: printable(key),
@@ -235,12 +244,12 @@ impl Batch {
         self.ops.extend(other.ops);
     }
 
-    fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
+    pub(crate) fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
         self.bytes += key.len() + value.len();
         self.ops.push((table, key, Some(value)));
     }
 
-    fn delete(&mut self, table: Table, key: Vec<u8>) {
+    pub(crate) fn delete(&mut self, table: Table, key: Vec<u8>) {
         self.bytes += key.len();
         self.ops.push((table, key, None));
     }
@@ -327,11 +336,13 @@ impl Store {
             open(Table::Dedup)?,
             open(Table::DedupExpiry)?,
             open(Table::Meta)?,
+            open(Table::ViewRow)?,
+            open(Table::ViewIndex)?,
         ];
         Ok(Self { db, tables })
     }
 
-    fn table(&self, t: Table) -> &Keyspace {
+    pub(crate) fn table(&self, t: Table) -> &Keyspace {
         &self.tables[Table::ALL.iter().position(|x| *x == t).expect("every table is opened")]
     }
 
@@ -506,6 +517,11 @@ impl Store {
             Ok(x)
         };
         decode().map(Some).map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
+    }
+
+    /// A consistent read view across all tables.
+    pub(crate) fn snapshot(&self) -> fjall::Snapshot {
+        self.db.snapshot()
     }
 
     /// Bytes on disk.

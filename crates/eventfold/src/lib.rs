@@ -11,4 +11,4 @@ pub use eventfold_log as log;
 pub use eventfold_runtime as runtime;
 pub use eventfold_store as store;
 
-pub use eventfold_core::{Aggregate, AggregateTest, Context, Reject};
+pub use eventfold_core::{Aggregate, AggregateTest, Context, Index, Projection, ProjectionTest, Reject, ViewChanges};

@@ -1,6 +1,7 @@
 //! Wiring: options -> store -> log -> runtime -> HTTP server.
 
 use crate::domain::{Customer, Order, Payment, PaymentConfig};
+use crate::views::{CustomersView, OrdersView};
 use anyhow::{Context as _, bail};
 use eventfold::http::HttpOptions;
 use eventfold::log::embedded::{self, EmbeddedLog};
@@ -106,6 +107,8 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
             decline_above_cents: opts.decline_above_cents,
         })
         .aggregate::<Customer>(())
+        .view::<OrdersView>()
+        .view::<CustomersView>()
         .build(Arc::new(log));
     let http = HttpOptions {
         max_body_bytes: opts.max_body_bytes,

@@ -1,0 +1,445 @@
+//! Projections: pure functions from events to the rows of a queryable view.
+//!
+//! A [`Projection`] reads the events of its source aggregate type, one at a time, with
+//! their envelope ([`Event`]), and turns each into row changes of its view through
+//! [`ViewChanges`]: `upsert(key, document)` or `delete(key)`. It may read the current row
+//! of any key first (e.g. to change one field). It also declares the view's secondary
+//! [`Index`]es: a field of the row document, its kind, and whether it is unique.
+//!
+//! Like aggregates, projections do no I/O and read no clock: timestamps come from the
+//! event's record. The runtime (eventfold-runtime) tails the source log, applies the
+//! projection and commits the rows, the index entries and the source offset in one local
+//! write batch, so a view is exactly-once. [`ProjectionTest`] is the given/when/then
+//! harness to test a projection without any runtime.
+//!
+//! **Sources.** Today a projection has one source aggregate type ([`Projection::Source`]);
+//! the runtime keeps its checkpoints per source topic and partition, so more sources can be
+//! added later without changing what is stored.
+//!
+//! **Unique indexes.** When a row's value for a unique index is already held by another
+//! row, the index entry stays with the row that holds it (first writer wins): the new row
+//! is stored, but is not reachable through that index for that value. The conflict is
+//! reported (a warning in the log and `eventfold_view_unique_conflicts_total`). When the
+//! holder changes or drops the value, the entry is removed; it is not handed over.
+
+use crate::aggregate::Aggregate;
+use crate::time::{parse_rfc3339_ms, rfc3339_ms};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Longest row key accepted, in bytes.
+pub const MAX_ROW_KEY_BYTES: usize = 1024;
+
+/// One event with its envelope, as a projection sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a, E> {
+    /// Source aggregate type, e.g. `order`.
+    pub aggregate_type: &'a str,
+    /// Aggregate id.
+    pub aggregate_id: &'a str,
+    /// Version of the aggregate after this event (1-based).
+    pub version: u64,
+    /// Event type name (the `type` of the JSON document).
+    pub event_type: &'a str,
+    /// Record timestamp, milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+    /// The decoded event.
+    pub payload: &'a E,
+}
+
+impl<E> Event<'_, E> {
+    /// The record timestamp as RFC 3339 (UTC, milliseconds).
+    pub fn timestamp(&self) -> String {
+        rfc3339_ms(self.timestamp_ms)
+    }
+}
+
+/// What a value of an index is: how a row's field is read and how a query value is parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexKind {
+    /// A JSON string, ordered by its UTF-8 bytes.
+    String,
+    /// A JSON number (integer or float), ordered numerically.
+    Number,
+    /// An instant: an RFC 3339 string or a number of milliseconds since the epoch, ordered
+    /// in time.
+    Timestamp,
+}
+
+/// A secondary index of a view. Every index answers equality (`{name}=v`) and range
+/// (`{name}_gte`, `{name}_lt`) queries in both orders: its stored encoding preserves order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Index {
+    /// Query name, e.g. `customer_id`.
+    pub name: &'static str,
+    /// JSON pointer of the field in the row document, e.g. `/customer_id`.
+    pub field: String,
+    /// How values are read and compared.
+    pub kind: IndexKind,
+    /// At most one row per value (see the module docs for the conflict policy).
+    pub unique: bool,
+}
+
+impl Index {
+    fn new(name: &'static str, kind: IndexKind) -> Self {
+        Self {
+            name,
+            field: format!("/{name}"),
+            kind,
+            unique: false,
+        }
+    }
+
+    /// A string index on the top-level field `name`.
+    pub fn string(name: &'static str) -> Self {
+        Self::new(name, IndexKind::String)
+    }
+
+    /// A number index on the top-level field `name`.
+    pub fn number(name: &'static str) -> Self {
+        Self::new(name, IndexKind::Number)
+    }
+
+    /// A timestamp index on the top-level field `name`.
+    pub fn timestamp(name: &'static str) -> Self {
+        Self::new(name, IndexKind::Timestamp)
+    }
+
+    /// Reads the value from another field (a JSON pointer such as `/address/city`).
+    pub fn at(mut self, pointer: &str) -> Self {
+        self.field = pointer.to_owned();
+        self
+    }
+
+    /// Makes the index unique.
+    pub fn unique(mut self) -> Self {
+        self.unique = true;
+        self
+    }
+
+    /// The value of this index in `doc`: `Ok(None)` when the field is absent or null (the
+    /// row is then not in the index), an error when it has the wrong type.
+    pub fn extract(&self, doc: &Value) -> Result<Option<IndexValue>, String> {
+        match doc.pointer(&self.field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => self.value_of(v).map(Some),
+        }
+    }
+
+    fn value_of(&self, v: &Value) -> Result<IndexValue, String> {
+        let wrong = || {
+            format!(
+                "index `{}` expects a {:?} at {}, found {v}",
+                self.name, self.kind, self.field
+            )
+        };
+        match (self.kind, v) {
+            (IndexKind::String, Value::String(s)) => Ok(IndexValue::String(s.clone())),
+            (IndexKind::Number | IndexKind::Timestamp, Value::Number(n)) => number(n).ok_or_else(wrong),
+            (IndexKind::Timestamp, Value::String(s)) => parse_rfc3339_ms(s).map(IndexValue::ms).ok_or_else(wrong),
+            _ => Err(wrong()),
+        }
+    }
+
+    /// Parses a query parameter value for this index.
+    pub fn parse(&self, text: &str) -> Result<IndexValue, String> {
+        let err = |what: &str| format!("index `{}` expects {what}, got {text:?}", self.name);
+        match self.kind {
+            IndexKind::String => Ok(IndexValue::String(text.to_owned())),
+            IndexKind::Number => parse_number(text).ok_or_else(|| err("a number")),
+            IndexKind::Timestamp => parse_rfc3339_ms(text)
+                .map(IndexValue::ms)
+                .or_else(|| text.parse::<i64>().ok().map(IndexValue::ms))
+                .ok_or_else(|| {
+                    err("an RFC 3339 timestamp (e.g. 2024-05-01T00:00:00Z) or milliseconds since the epoch")
+                }),
+        }
+    }
+}
+
+fn number(n: &serde_json::Number) -> Option<IndexValue> {
+    if let Some(i) = n.as_i64() {
+        Some(IndexValue::Int(i128::from(i)))
+    } else if let Some(u) = n.as_u64() {
+        Some(IndexValue::Int(i128::from(u)))
+    } else {
+        n.as_f64().filter(|f| f.is_finite()).map(IndexValue::float)
+    }
+}
+
+fn parse_number(text: &str) -> Option<IndexValue> {
+    if let Ok(i) = text.parse::<i128>() {
+        return (i64::MIN as i128..=u64::MAX as i128)
+            .contains(&i)
+            .then_some(IndexValue::Int(i));
+    }
+    text.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite())
+        .map(IndexValue::float)
+}
+
+/// A value of an index, as compared: integers exactly, floats as IEEE doubles, strings by
+/// their UTF-8 bytes. Timestamps are integers (milliseconds).
+#[derive(Debug, Clone, PartialEq)]
+pub enum IndexValue {
+    /// An integer (any `i64` or `u64`).
+    Int(i128),
+    /// A finite float that is not an integer (integral floats become [`IndexValue::Int`]).
+    Float(f64),
+    /// A string.
+    String(String),
+}
+
+impl IndexValue {
+    /// A timestamp in milliseconds since the epoch.
+    pub fn ms(ms: i64) -> Self {
+        Self::Int(i128::from(ms))
+    }
+
+    /// A float, normalised so that integral values compare equal to the same integer.
+    pub fn float(f: f64) -> Self {
+        if f.fract() == 0.0 && f.abs() < 1.7e38 {
+            Self::Int(f as i128)
+        } else {
+            Self::Float(f)
+        }
+    }
+}
+
+/// Reads the current rows of a view (the stored ones, with the changes not yet committed).
+pub trait RowReader {
+    /// The current document of `key`, if any.
+    fn row(&self, key: &str) -> Option<Value>;
+}
+
+impl RowReader for BTreeMap<String, Value> {
+    fn row(&self, key: &str) -> Option<Value> {
+        self.get(key).cloned()
+    }
+}
+
+/// The row changes one event produces, in order; reads see earlier changes of the same
+/// event.
+pub struct ViewChanges<'a> {
+    rows: &'a dyn RowReader,
+    changes: Vec<(String, Option<Value>)>,
+    errors: Vec<String>,
+}
+
+impl std::fmt::Debug for ViewChanges<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewChanges")
+            .field("changes", &self.changes)
+            .field("errors", &self.errors)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> ViewChanges<'a> {
+    /// Changes over the rows `rows` can read.
+    pub fn new(rows: &'a dyn RowReader) -> Self {
+        Self {
+            rows,
+            changes: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// The current document of `key`.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        match self.changes.iter().rev().find(|(k, _)| k == key) {
+            Some((_, v)) => v.clone(),
+            None => self.rows.row(key),
+        }
+    }
+
+    /// Inserts or replaces the row `key`. A key must be 1 to [`MAX_ROW_KEY_BYTES`] bytes;
+    /// an invalid key is recorded as an error (the runtime stops the view: skipping would
+    /// lose the row silently).
+    pub fn upsert(&mut self, key: impl Into<String>, document: Value) {
+        let key = key.into();
+        if self.check(&key) {
+            self.changes.push((key, Some(document)));
+        }
+    }
+
+    /// Deletes the row `key` (nothing happens when it does not exist).
+    pub fn delete(&mut self, key: impl Into<String>) {
+        let key = key.into();
+        if self.check(&key) {
+            self.changes.push((key, None));
+        }
+    }
+
+    /// Changes the row `key` in place, if it exists; `f` gets the document to edit.
+    pub fn update(&mut self, key: &str, f: impl FnOnce(&mut Value)) {
+        if let Some(mut doc) = self.get(key) {
+            f(&mut doc);
+            self.upsert(key, doc);
+        }
+    }
+
+    fn check(&mut self, key: &str) -> bool {
+        let ok = !key.is_empty() && key.len() <= MAX_ROW_KEY_BYTES;
+        if !ok {
+            self.errors
+                .push(format!("row key {key:?} must be 1 to {MAX_ROW_KEY_BYTES} bytes"));
+        }
+        ok
+    }
+
+    /// The changes in order and the errors, consuming the set.
+    pub fn into_parts(self) -> (Vec<(String, Option<Value>)>, Vec<String>) {
+        (self.changes, self.errors)
+    }
+}
+
+/// A projection: events of [`Projection::Source`] to rows of the view [`Projection::VIEW`].
+/// Pure and deterministic: replaying the same events must build the same rows.
+pub trait Projection: Default + Send + Sync + 'static {
+    /// The view name used in URLs and storage, e.g. `orders`. Stable: renaming it starts
+    /// an empty view.
+    const VIEW: &'static str;
+    /// The aggregate type whose events this projection reads.
+    type Source: Aggregate;
+    /// The secondary indexes of the view.
+    fn indexes(&self) -> Vec<Index>;
+    /// Turns one event into row changes.
+    fn apply(&self, event: &Event<'_, <Self::Source as Aggregate>::Event>, view: &mut ViewChanges<'_>);
+}
+
+/// A given/when/then harness for projections:
+///
+/// ```ignore
+/// ProjectionTest::<OrdersView>::new()
+///     .given("o-1", [OrderEvent::OrderPlaced { .. }])
+///     .when("o-1", OrderEvent::OrderConfirmed)
+///     .then_row("o-1", json!({ .. }));
+/// ```
+///
+/// Events of each aggregate id get versions 1, 2, ...; timestamps start at
+/// [`ProjectionTest::at`] (default 0) and advance by one second per event.
+pub struct ProjectionTest<P: Projection> {
+    projection: P,
+    rows: BTreeMap<String, Value>,
+    versions: BTreeMap<String, u64>,
+    timestamp_ms: i64,
+    errors: Vec<String>,
+}
+
+impl<P: Projection> Default for ProjectionTest<P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<P: Projection> ProjectionTest<P> {
+    /// An empty view.
+    pub fn new() -> Self {
+        Self {
+            projection: P::default(),
+            rows: BTreeMap::new(),
+            versions: BTreeMap::new(),
+            timestamp_ms: 0,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The timestamp of the next event (milliseconds since the epoch).
+    pub fn at(mut self, timestamp_ms: i64) -> Self {
+        self.timestamp_ms = timestamp_ms;
+        self
+    }
+
+    /// Applies past events of aggregate `id`.
+    pub fn given(mut self, id: &str, events: impl IntoIterator<Item = <P::Source as Aggregate>::Event>) -> Self {
+        for e in events {
+            self.apply(id, &e);
+        }
+        self
+    }
+
+    /// Applies the event under test (the same as `given`, reads better in tests).
+    pub fn when(self, id: &str, event: <P::Source as Aggregate>::Event) -> Self {
+        self.given(id, [event])
+    }
+
+    fn apply(&mut self, id: &str, payload: &<P::Source as Aggregate>::Event) {
+        let version = self.versions.entry(id.to_owned()).or_insert(0);
+        *version += 1;
+        let json = serde_json::to_value(payload).expect("events serialize");
+        let event_type = json.get("type").and_then(Value::as_str).unwrap_or("unknown").to_owned();
+        let event = Event {
+            aggregate_type: <P::Source as Aggregate>::TYPE,
+            aggregate_id: id,
+            version: *version,
+            event_type: &event_type,
+            timestamp_ms: self.timestamp_ms,
+            payload,
+        };
+        let mut changes = ViewChanges::new(&self.rows);
+        self.projection.apply(&event, &mut changes);
+        let (changes, errors) = changes.into_parts();
+        self.errors.extend(errors);
+        for (k, v) in changes {
+            match v {
+                Some(v) => self.rows.insert(k, v),
+                None => self.rows.remove(&k),
+            };
+        }
+        self.timestamp_ms += 1000;
+    }
+
+    /// Asserts row `key` is exactly `expected`.
+    #[track_caller]
+    pub fn then_row(self, key: &str, expected: Value) -> Self {
+        assert_eq!(self.rows.get(key), Some(&expected), "row `{key}` of view `{}`", P::VIEW);
+        self
+    }
+
+    /// Asserts row `key` does not exist.
+    #[track_caller]
+    pub fn then_no_row(self, key: &str) -> Self {
+        assert!(
+            !self.rows.contains_key(key),
+            "row `{key}` of view `{}` exists: {:?}",
+            P::VIEW,
+            self.rows.get(key)
+        );
+        self
+    }
+
+    /// Asserts the keys of the rows whose index `index` equals `value` (a query string
+    /// value), in key order. Checks the index declaration as well as the rows.
+    #[track_caller]
+    pub fn then_index(self, index: &str, value: &str, expected_keys: &[&str]) -> Self {
+        let idx = self
+            .projection
+            .indexes()
+            .into_iter()
+            .find(|i| i.name == index)
+            .unwrap_or_else(|| panic!("view `{}` declares no index `{index}`", P::VIEW));
+        let wanted = idx.parse(value).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<&str> = self
+            .rows
+            .iter()
+            .filter(|(_, doc)| idx.extract(doc).unwrap_or_else(|e| panic!("{e}")).as_ref() == Some(&wanted))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(got, expected_keys, "rows with {index}={value}");
+        self
+    }
+
+    /// Asserts no projection error happened (invalid keys, ...).
+    #[track_caller]
+    pub fn then_no_errors(self) -> Self {
+        assert!(self.errors.is_empty(), "projection errors: {:?}", self.errors);
+        self
+    }
+
+    /// All rows, for custom assertions.
+    pub fn rows(&self) -> &BTreeMap<String, Value> {
+        &self.rows
+    }
+}

@@ -1,0 +1,581 @@
+//! Views: projection processors that tail a source events topic, and the query side.
+//!
+//! One task per (view, source partition) reads the source events from its checkpoint with
+//! [`Log::read`], applies the [`Projection`], and commits the row changes, the index
+//! entries (old ones removed, new ones added) and the next source offset in **one** store
+//! batch: a view is exactly-once without Kafka transactions, and restores from its
+//! checkpoint after a restart with no duplicate and no gap. It wakes on the source
+//! aggregate service's commit notifications, and polls as a fallback.
+//!
+//! Each partition publishes the offset it has applied, so a query carrying a
+//! [`Position`] can wait (bounded) until the view has applied every mark of its source
+//! topic: read-your-writes.
+
+use crate::error::{Error, Result};
+use crate::service::{AggregateService, Topics};
+use eventfold_core::envelope::headers;
+use eventfold_core::projection::{Event, RowReader};
+use eventfold_core::{Aggregate, Index, IndexValue, Position, Projection, Record, ViewChanges};
+use eventfold_log::Log;
+use eventfold_store::{Batch, Scan, Store, encode_value, view_checkpoint_key};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+
+/// Options of the view processors and queries (defaults in parentheses).
+#[derive(Debug, Clone)]
+pub struct ViewOptions {
+    /// Most source events applied per store batch (512).
+    pub max_batch_events: usize,
+    /// How often a partition re-reads its source without a notification (500 ms).
+    pub poll_interval: Duration,
+    /// Most index entries a query examines before it returns a short page with a cursor
+    /// (10,000); bounds the work of post-filters.
+    pub max_scanned: usize,
+}
+
+impl Default for ViewOptions {
+    fn default() -> Self {
+        Self {
+            max_batch_events: 512,
+            poll_interval: Duration::from_millis(500),
+            max_scanned: 10_000,
+        }
+    }
+}
+
+/// A condition of a query on one index: equality or a half-open range.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Condition {
+    /// Value must equal this.
+    pub eq: Option<IndexValue>,
+    /// Value must be at or above this.
+    pub gte: Option<IndexValue>,
+    /// Value must be below this.
+    pub lt: Option<IndexValue>,
+}
+
+/// A view query: one index drives the scan (and the order); conditions on other indexes
+/// filter the rows it yields.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// The index whose order the rows come in; `None`: row key order (then `conditions`
+    /// only filter).
+    pub order_by: Option<String>,
+    /// Conditions by index name.
+    pub conditions: BTreeMap<String, Condition>,
+    /// Highest values first.
+    pub descending: bool,
+    /// Most rows returned.
+    pub limit: usize,
+    /// Continue after this scan position (from [`QueryPage::next`]).
+    pub after: Option<Vec<u8>>,
+}
+
+/// One page of answers.
+#[derive(Debug)]
+pub struct QueryPage {
+    /// `(key, document)` in order.
+    pub rows: Vec<(String, Box<RawValue>)>,
+    /// Scan position to continue from; `None` on the last page.
+    pub next: Option<Vec<u8>>,
+}
+
+struct PartitionProgress {
+    applied: watch::Sender<u64>,
+    failure: Mutex<Option<String>>,
+}
+
+/// The query face of one view. Cheap to share (`Arc`).
+pub struct ViewService {
+    name: &'static str,
+    source: Topics,
+    indexes: Vec<Index>,
+    store: Store,
+    options: ViewOptions,
+    partitions: Vec<PartitionProgress>,
+    unique_conflicts: Vec<AtomicU64>,
+}
+
+impl std::fmt::Debug for ViewService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewService")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn corrupt(table: &'static str, key: String, reason: impl Into<String>) -> Error {
+    Error::Store(eventfold_store::Error::Corrupt {
+        table,
+        key,
+        reason: reason.into(),
+    })
+}
+
+fn raw_json(view: &str, key: &str, json: Vec<u8>) -> Result<Box<RawValue>> {
+    String::from_utf8(json)
+        .ok()
+        .and_then(|s| RawValue::from_string(s).ok())
+        .ok_or_else(|| corrupt("view_row", format!("{view}/{key}"), "row is not JSON"))
+}
+
+impl ViewService {
+    /// The view name.
+    pub fn name(&self) -> &str {
+        self.name
+    }
+
+    /// The declared indexes.
+    pub fn indexes(&self) -> &[Index] {
+        &self.indexes
+    }
+
+    /// The index called `name`.
+    pub fn index(&self, name: &str) -> Option<&Index> {
+        self.indexes.iter().find(|i| i.name == name)
+    }
+
+    /// The source events topic.
+    pub fn source_topic(&self) -> &str {
+        &self.source.events
+    }
+
+    /// How far the view has applied its source, as a position token's marks.
+    pub fn position(&self) -> Position {
+        let mut pos = Position::default();
+        for (p, part) in self.partitions.iter().enumerate() {
+            pos.advance(&self.source.events, p as u32, *part.applied.borrow());
+        }
+        pos
+    }
+
+    /// Waits until the view has applied every mark of `min` on its source topic (marks of
+    /// other topics do not concern it), at most `timeout`.
+    pub async fn wait_for(&self, min: &Position, timeout: Duration) -> Result<()> {
+        let mut waits = Vec::new();
+        for (topic, p, offset) in min.marks() {
+            if topic != &*self.source.events {
+                continue;
+            }
+            let part = self.partitions.get(p as usize).ok_or_else(|| {
+                Error::BadRequest(format!(
+                    "min_position names partition {p} of `{topic}`, which has {} partitions",
+                    self.partitions.len()
+                ))
+            })?;
+            waits.push((part.applied.subscribe(), offset));
+        }
+        let all = async {
+            for (mut rx, offset) in waits {
+                // The sender lives as long as the service; an error cannot happen here.
+                let _ = rx.wait_for(|applied| *applied >= offset).await;
+            }
+        };
+        if tokio::time::timeout(timeout, all).await.is_ok() {
+            return Ok(());
+        }
+        let failures: Vec<String> = self
+            .partitions
+            .iter()
+            .enumerate()
+            .filter_map(|(p, part)| {
+                part.failure
+                    .lock()
+                    .expect("not poisoned")
+                    .as_ref()
+                    .map(|f| format!("partition {p}: {f}"))
+            })
+            .collect();
+        Err(Error::ViewBehind {
+            view: self.name.to_owned(),
+            waited: timeout,
+            position: self.position().encode(),
+            failures,
+        })
+    }
+
+    /// Row `key`, if present.
+    pub fn get(&self, key: &str) -> Result<Option<Box<RawValue>>> {
+        if key.is_empty() || key.len() > eventfold_core::projection::MAX_ROW_KEY_BYTES {
+            return Ok(None);
+        }
+        match self.store.get_view_row(self.name, key)? {
+            Some(json) => raw_json(self.name, key, json).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs `query`: scans the driving index, filters by the other conditions.
+    pub fn query(&self, query: &Query) -> Result<QueryPage> {
+        let unknown = |name: &str| Error::BadRequest(format!("view `{}` has no index `{name}`", self.name));
+        let enc = |v: &Option<IndexValue>| v.as_ref().map(encode_value);
+        let mut scan = Scan {
+            descending: query.descending,
+            limit: query.limit,
+            max_scanned: self.options.max_scanned,
+            after: query.after.clone(),
+            ..Default::default()
+        };
+        if let Some(name) = &query.order_by {
+            self.index(name).ok_or_else(|| unknown(name))?;
+            if let Some(c) = query.conditions.get(name) {
+                scan.eq = enc(&c.eq);
+                scan.gte = enc(&c.gte);
+                scan.lt = enc(&c.lt);
+            }
+        }
+        let mut filters = Vec::new();
+        for (name, c) in &query.conditions {
+            if Some(name) == query.order_by.as_ref() {
+                continue;
+            }
+            let idx = self.index(name).ok_or_else(|| unknown(name))?;
+            filters.push((idx, enc(&c.eq), enc(&c.gte), enc(&c.lt)));
+        }
+        let mut filter = |_key: &str, json: &[u8]| -> bool {
+            if filters.is_empty() {
+                return true;
+            }
+            let Ok(doc) = serde_json::from_slice::<Value>(json) else {
+                return false;
+            };
+            filters.iter().all(|(idx, eq, gte, lt)| {
+                let Ok(Some(v)) = idx.extract(&doc) else {
+                    return false;
+                };
+                let v = encode_value(&v);
+                eq.as_ref().is_none_or(|e| v == *e)
+                    && gte.as_ref().is_none_or(|g| v >= *g)
+                    && lt.as_ref().is_none_or(|l| v < *l)
+            })
+        };
+        let page = self
+            .store
+            .scan_view(self.name, query.order_by.as_deref(), &scan, &mut filter)?;
+        let rows = page
+            .rows
+            .into_iter()
+            .map(|h| Ok((h.key.clone(), raw_json(self.name, &h.key, h.json)?)))
+            .collect::<Result<_>>()?;
+        Ok(QueryPage { rows, next: page.next })
+    }
+
+    /// Prometheus lines of this view.
+    pub(crate) fn render_metrics(&self, applied: &mut String, conflicts: &mut String) {
+        for (p, part) in self.partitions.iter().enumerate() {
+            let _ = writeln!(
+                applied,
+                "eventfold_view_applied_offset{{view=\"{}\",partition=\"{p}\"}} {}",
+                self.name,
+                *part.applied.borrow()
+            );
+        }
+        for (idx, n) in self.indexes.iter().zip(&self.unique_conflicts) {
+            if idx.unique {
+                let _ = writeln!(
+                    conflicts,
+                    "eventfold_view_unique_conflicts_total{{view=\"{}\",index=\"{}\"}} {}",
+                    self.name,
+                    idx.name,
+                    n.load(Ordering::Relaxed)
+                );
+            }
+        }
+    }
+}
+
+/// Starts the processors of projection `P` over the source service `source`.
+pub(crate) fn start<P: Projection>(
+    log: &Arc<dyn Log>,
+    source: &Arc<dyn AggregateService>,
+    options: &ViewOptions,
+) -> Arc<ViewService> {
+    let projection = Arc::new(P::default());
+    let indexes = projection.indexes();
+    for (i, idx) in indexes.iter().enumerate() {
+        assert!(
+            indexes[..i].iter().all(|o| o.name != idx.name),
+            "view `{}` declares index `{}` twice",
+            P::VIEW,
+            idx.name
+        );
+        assert!(
+            !idx.name.is_empty() && !idx.name.contains('\0'),
+            "invalid index name {:?}",
+            idx.name
+        );
+    }
+    let store = log.store().clone();
+    let topic = source.topics().events.clone();
+    let mut partitions = Vec::new();
+    let mut starts = Vec::new();
+    for p in 0..log.partitions() {
+        let from = store
+            .get_meta(&view_checkpoint_key(P::VIEW, &topic, p))
+            .unwrap_or_else(|e| panic!("cannot read the checkpoint of view `{}`: {e}", P::VIEW))
+            .unwrap_or(0);
+        partitions.push(PartitionProgress {
+            applied: watch::Sender::new(from),
+            failure: Mutex::new(None),
+        });
+        starts.push(from);
+    }
+    let svc = Arc::new(ViewService {
+        name: P::VIEW,
+        source: source.topics().clone(),
+        unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
+        indexes,
+        store,
+        options: options.clone(),
+        partitions,
+    });
+    for (p, from) in starts.into_iter().enumerate() {
+        let worker = Worker {
+            projection: projection.clone(),
+            svc: svc.clone(),
+            log: log.clone(),
+            partition: p as u32,
+            next: from,
+        };
+        tokio::spawn(worker.run(source.subscribe()));
+    }
+    svc
+}
+
+struct Worker<P: Projection> {
+    projection: Arc<P>,
+    svc: Arc<ViewService>,
+    log: Arc<dyn Log>,
+    partition: u32,
+    next: u64,
+}
+
+/// Rows as the projection reads them: this batch's pending changes over the store.
+struct Rows<'a> {
+    pending: &'a HashMap<String, Option<Value>>,
+    store: &'a Store,
+    view: &'a str,
+    error: RefCell<Option<String>>,
+}
+
+impl RowReader for Rows<'_> {
+    fn row(&self, key: &str) -> Option<Value> {
+        if let Some(v) = self.pending.get(key) {
+            return v.clone();
+        }
+        match load_row(self.store, self.view, key) {
+            Ok(v) => v,
+            Err(e) => {
+                self.error.borrow_mut().get_or_insert(e.to_string());
+                None
+            }
+        }
+    }
+}
+
+fn load_row(store: &Store, view: &str, key: &str) -> Result<Option<Value>> {
+    match store.get_view_row(view, key)? {
+        Some(json) => serde_json::from_slice(&json)
+            .map(Some)
+            .map_err(|e| corrupt("view_row", format!("{view}/{key}"), e.to_string())),
+        None => Ok(None),
+    }
+}
+
+/// Changes of one batch, each key once (a store batch must not touch a key twice).
+#[derive(Default)]
+struct Pending {
+    rows: HashMap<String, Option<Value>>,
+    /// (index position, encoded value, row key or "" in a unique index) -> the row key
+    /// to put, or `None` to delete.
+    entries: BTreeMap<(usize, Vec<u8>, String), Option<String>>,
+    /// (index position, encoded value) -> the row holding it in a unique index.
+    owners: HashMap<(usize, Vec<u8>), Option<String>>,
+}
+
+impl<P: Projection> Worker<P> {
+    async fn run(mut self, mut wake: broadcast::Receiver<(Arc<str>, u64)>) {
+        let topic = self.svc.source.events.clone();
+        loop {
+            let records = match self
+                .log
+                .read(&topic, self.partition, self.next, self.svc.options.max_batch_events)
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => return self.fail(format!("cannot read {topic}/{}: {e}", self.partition)),
+            };
+            if records.is_empty() {
+                tokio::select! {
+                    r = wake.recv() => {
+                        if matches!(r, Err(broadcast::error::RecvError::Closed)) {
+                            // The source is gone (shutdown); keep polling at the slow pace.
+                            tokio::time::sleep(self.svc.options.poll_interval).await;
+                        }
+                        while wake.try_recv().is_ok() {}
+                    }
+                    _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
+                }
+                continue;
+            }
+            let next = records.last().map(|(o, _)| o + 1).expect("not empty");
+            match self.apply(&topic, &records, next) {
+                Ok(batch) => {
+                    if let Err(e) = self.log.store().commit(batch, false) {
+                        return self.fail(format!("cannot commit: {e}"));
+                    }
+                }
+                Err(e) => return self.fail(e),
+            }
+            self.next = next;
+            self.svc.partitions[self.partition as usize].applied.send_replace(next);
+        }
+    }
+
+    fn fail(&self, reason: String) {
+        tracing::error!(view = P::VIEW, partition = self.partition, %reason, "view partition stopped");
+        *self.svc.partitions[self.partition as usize]
+            .failure
+            .lock()
+            .expect("not poisoned") = Some(reason);
+    }
+
+    /// Applies `records` and returns the store batch: rows, index entries, checkpoint.
+    fn apply(&self, topic: &str, records: &[(u64, Record)], next: u64) -> Result<Batch, String> {
+        let store = self.log.store();
+        let view = P::VIEW;
+        let mut pending = Pending::default();
+        for (offset, record) in records {
+            let at = || format!("{topic}/{}@{offset}", self.partition);
+            let payload: <P::Source as Aggregate>::Event =
+                serde_json::from_slice(&record.value).map_err(|e| format!("event {} does not decode: {e}", at()))?;
+            let aggregate_id = record
+                .header_str(headers::AGGREGATE_ID)
+                .or_else(|| std::str::from_utf8(&record.key).ok())
+                .ok_or_else(|| format!("event {} has no aggregate id", at()))?;
+            let version = record
+                .header_str(headers::VERSION)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let event = Event {
+                aggregate_type: <P::Source as Aggregate>::TYPE,
+                aggregate_id,
+                version,
+                event_type: record.header_str(headers::TYPE).unwrap_or("unknown"),
+                timestamp_ms: record.timestamp_ms,
+                payload: &payload,
+            };
+            let rows = Rows {
+                pending: &pending.rows,
+                store,
+                view,
+                error: RefCell::new(None),
+            };
+            let mut changes = ViewChanges::new(&rows);
+            self.projection.apply(&event, &mut changes);
+            let (changes, errors) = changes.into_parts();
+            if let Some(e) = rows.error.into_inner() {
+                return Err(format!("while applying {}: {e}", at()));
+            }
+            if let Some(e) = errors.first() {
+                return Err(format!("projection failed on {}: {e}", at()));
+            }
+            for (key, doc) in changes {
+                self.change(&mut pending, &key, doc).map_err(|e| e.to_string())?;
+            }
+        }
+        let mut batch = Batch::with_capacity(pending.rows.len() * 3 + 1);
+        for (key, doc) in &pending.rows {
+            match doc {
+                Some(doc) => batch.put_view_row(view, key, &serde_json::to_vec(doc).expect("JSON values serialize")),
+                None => batch.delete_view_row(view, key),
+            }
+        }
+        for ((i, value, entry), row) in &pending.entries {
+            let idx = &self.svc.indexes[*i];
+            match row {
+                Some(key) => batch.put_view_entry(view, idx.name, value, key, idx.unique),
+                None => batch.delete_view_entry(view, idx.name, value, entry, idx.unique),
+            }
+        }
+        batch.put_meta(&view_checkpoint_key(view, topic, self.partition), next);
+        Ok(batch)
+    }
+
+    /// Records one row change and the index entries it moves.
+    fn change(&self, pending: &mut Pending, key: &str, doc: Option<Value>) -> Result<()> {
+        let store = self.log.store();
+        let old = match pending.rows.get(key) {
+            Some(v) => v.clone(),
+            None => load_row(store, P::VIEW, key)?,
+        };
+        for (i, idx) in self.svc.indexes.iter().enumerate() {
+            // A value of the wrong type is not indexed (the same rule for old and new rows,
+            // so what was indexed is exactly what is removed).
+            let value = |d: &Option<Value>, warn: bool| -> Option<Vec<u8>> {
+                match d.as_ref().map(|d| idx.extract(d)) {
+                    Some(Ok(v)) => v.map(|v| encode_value(&v)),
+                    Some(Err(e)) => {
+                        if warn {
+                            tracing::warn!(view = P::VIEW, key, error = %e, "row value not indexed");
+                        }
+                        None
+                    }
+                    None => None,
+                }
+            };
+            let (was, now) = (value(&old, false), value(&doc, true));
+            if was == now {
+                continue;
+            }
+            let entry = |v: &[u8]| (i, v.to_vec(), if idx.unique { String::new() } else { key.to_owned() });
+            if let Some(v) = was {
+                if idx.unique {
+                    if owner(store, pending, P::VIEW, idx, i, &v)?.as_deref() == Some(key) {
+                        pending.entries.insert(entry(&v), None);
+                        pending.owners.insert((i, v), None);
+                    }
+                } else {
+                    pending.entries.insert(entry(&v), None);
+                }
+            }
+            if let Some(v) = now {
+                if idx.unique {
+                    match owner(store, pending, P::VIEW, idx, i, &v)? {
+                        Some(other) if other != key => {
+                            self.svc.unique_conflicts[i].fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                view = P::VIEW,
+                                index = idx.name,
+                                key,
+                                holder = %other,
+                                "unique index value already held by another row; entry not overwritten"
+                            );
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    pending.owners.insert((i, v.clone()), Some(key.to_owned()));
+                }
+                pending.entries.insert(entry(&v), Some(key.to_owned()));
+            }
+        }
+        pending.rows.insert(key.to_owned(), doc);
+        Ok(())
+    }
+}
+
+/// The row holding `value` in unique index `idx`, counting this batch's changes.
+fn owner(store: &Store, pending: &Pending, view: &str, idx: &Index, i: usize, value: &[u8]) -> Result<Option<String>> {
+    match pending.owners.get(&(i, value.to_vec())) {
+        Some(o) => Ok(o.clone()),
+        None => Ok(store.get_view_unique(view, idx.name, value)?),
+    }
+}
