@@ -142,6 +142,12 @@ pub trait Log: Send + Sync + 'static {
     fn stats(&self) -> Stats {
         Stats::default()
     }
+    /// Whether the local store is only a cache of this log (Kafka: another machine may
+    /// take over with an empty store). Then writers also append their state and command
+    /// outcomes to changelog topics, and restore the store from them before they run.
+    fn store_is_cache(&self) -> bool {
+        false
+    }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
 }

@@ -64,6 +64,9 @@ impl Log for GatedLog {
     fn stats(&self) -> Stats {
         self.inner.stats()
     }
+    fn store_is_cache(&self) -> bool {
+        self.inner.store_is_cache()
+    }
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }

@@ -11,6 +11,7 @@
 //! Registered views ([`RuntimeBuilder::view`]) run one projection task per source
 //! partition (see [`view`]) and answer queries through [`ViewService`].
 
+mod changelog;
 pub mod clock;
 pub mod error;
 pub mod metrics;

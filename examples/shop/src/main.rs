@@ -51,8 +51,11 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let restored = shop.runtime.wait_restored(std::time::Duration::from_secs(300)).await;
     eprintln!(
-        "shop: serving http://{addr} (embedded log in {}, {} partitions; {} in {} ms)",
-        opts.data_dir().display(),
+        "shop: serving http://{addr} ({}, {} partitions; {} in {} ms)",
+        match &opts.kafka {
+            None => format!("embedded log in {}", opts.data_dir().display()),
+            Some(b) => format!("Kafka at {b}, local cache in {}", opts.data_dir().display()),
+        },
         opts.partitions,
         if restored { "restored" } else { "still restoring" },
         started.elapsed().as_millis()

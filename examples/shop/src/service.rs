@@ -4,7 +4,9 @@ use crate::domain::{Customer, Order, Payment, PaymentConfig};
 use crate::views::{CustomersView, OrdersView};
 use anyhow::{Context as _, bail};
 use eventfold::http::HttpOptions;
+use eventfold::log::Log;
 use eventfold::log::embedded::{self, EmbeddedLog};
+use eventfold::log::kafka::{KafkaLog, KafkaOptions};
 use eventfold::runtime::{Runtime, RuntimeOptions};
 use eventfold::store::{Store, StoreOptions};
 use std::net::SocketAddr;
@@ -22,7 +24,9 @@ pub struct ServeOptions {
     /// ~/.local/share/eventfold/<app-id>].
     #[arg(long, env = "EVENTFOLD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Kafka bootstrap servers; absent: the embedded log.
+    /// Kafka bootstrap servers; absent: the embedded log. In Kafka mode the events, states
+    /// and outcomes live in `<app-id>.<type>.{events,state,results}` (created when
+    /// missing) and the data directory is only a cache, restored from those topics.
     #[arg(long, env = "EVENTFOLD_KAFKA")]
     pub kafka: Option<String>,
     /// Application id: the topic prefix (`<app-id>.<type>.events`).
@@ -61,7 +65,13 @@ impl ServeOptions {
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
             .unwrap_or_else(|| PathBuf::from("."));
-        base.join("eventfold").join(&self.app_id)
+        // Kafka mode keeps a cache per instance: never the embedded log's directory.
+        match &self.kafka {
+            None => base.join("eventfold").join(&self.app_id),
+            Some(_) => base
+                .join("eventfold")
+                .join(format!("{}-kafka-{}", self.app_id, self.instance_id)),
+        }
     }
 }
 
@@ -75,11 +85,6 @@ pub struct Shop {
 
 /// Opens the store and starts the runtime (must run inside a tokio runtime).
 pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
-    if let Some(bootstrap) = &opts.kafka {
-        bail!(
-            "--kafka {bootstrap}: Kafka mode is not in this build yet (tracked in issue 3); run without --kafka to use the embedded log"
-        );
-    }
     if opts.partitions == 0 || opts.partitions > 1024 {
         bail!("--partitions must be between 1 and 1024, got {}", opts.partitions);
     }
@@ -87,14 +92,28 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
     let store = Store::open(&dir, &StoreOptions::default())
         .with_context(|| format!("cannot open the store in {}", dir.display()))?;
-    let log = EmbeddedLog::open(
-        store,
-        embedded::Options {
-            partitions: opts.partitions,
-            fsync: !opts.no_fsync,
-            ..Default::default()
-        },
-    )?;
+    let log: Arc<dyn Log> = match &opts.kafka {
+        None => Arc::new(EmbeddedLog::open(
+            store,
+            embedded::Options {
+                partitions: opts.partitions,
+                fsync: !opts.no_fsync,
+                ..Default::default()
+            },
+        )?),
+        Some(bootstrap) => {
+            // One instance per transactional id: a restarted instance fences its previous
+            // incarnation. Opening connects and initializes transactions (blocking).
+            let kafka = KafkaOptions::new(
+                bootstrap,
+                opts.partitions,
+                format!("{}-{}", opts.app_id, opts.instance_id),
+            );
+            let log = tokio::task::block_in_place(|| KafkaLog::open(kafka, store))
+                .with_context(|| format!("cannot start the Kafka log at {bootstrap}"))?;
+            Arc::new(log)
+        }
+    };
     let options = RuntimeOptions {
         app_id: opts.app_id.clone(),
         dedup_window: Duration::from_secs(opts.dedup_window_secs),
@@ -109,7 +128,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         .aggregate::<Customer>(())
         .view::<OrdersView>()
         .view::<CustomersView>()
-        .build(Arc::new(log));
+        .build(log);
     let http = HttpOptions {
         max_body_bytes: opts.max_body_bytes,
         advertised_address: format!("http://{}", opts.http),

@@ -1,90 +1,10 @@
 //! The `shop` binary as a user meets it: startup output, flags, refusals with clear
 //! messages, and data surviving a graceful restart.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-struct Shop(Child);
-
-impl Drop for Shop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn shop(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_shop"));
-    c.args(args).env_remove("EVENTFOLD_KAFKA").env("EVENTFOLD_LOG", "warn");
-    c
-}
-
-/// Starts shop on port 0 and returns it with the base URL it printed.
-fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
-    let mut args = vec!["--data-dir", dir.to_str().unwrap(), "--http", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    // Owned by the guard at once, so a failing test still kills and reaps it.
-    let mut guard = Shop(
-        shop(&args)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = guard.0.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("shop prints its URL");
-        lines.push(line.clone());
-        if let Some(rest) = line.strip_prefix("shop: serving ") {
-            let url = rest.split_whitespace().next().unwrap().to_owned();
-            // Keep reading the example line.
-            if let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) {
-                lines.push(l);
-            }
-            return (guard, url, lines);
-        }
-    }
-}
-
-fn post(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let r = reqwest::Client::new()
-            .post(format!("{url}{path}"))
-            .body(body.to_owned())
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or_default())
-    })
-}
-
-fn get(url: &str, path: &str) -> (u16, serde_json::Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let r = reqwest::get(format!("{url}{path}")).await.unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or_default())
-    })
-}
+use common::{get, post, shop, start};
+use std::process::Command;
 
 #[test]
 fn prints_url_data_dir_and_an_example_then_keeps_data_across_a_graceful_restart() {
@@ -98,7 +18,7 @@ fn prints_url_data_dir_and_an_example_then_keeps_data_across_a_graceful_restart(
     assert!(text.contains("8 partitions"), "{text}");
     assert!(text.contains("curl"), "shows an example: {text}");
     let body = r#"{"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"apple","qty":2,"price_cents":150}]}"#;
-    let (st, b) = post(&url, "/v1/aggregates/order/o-1/commands", body);
+    let (st, b) = post(&url, "/v1/aggregates/order/o-1/commands", body, "");
     assert_eq!(st, 200, "{b}");
     // SIGTERM: graceful shutdown.
     let pid = shop1.0.id().to_string();

@@ -339,6 +339,10 @@ impl Log for KafkaLog {
         "kafka"
     }
 
+    fn store_is_cache(&self) -> bool {
+        true
+    }
+
     fn partitions(&self) -> u32 {
         self.shared.options.partitions
     }
