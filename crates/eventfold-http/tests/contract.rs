@@ -1,11 +1,15 @@
 //! HTTP contract tests (DESIGN §6) over a real socket: every route, every status code,
 //! every error body `{error, message}`. The aggregate is eventfold's test counter, whose
 //! `Slow` command lets the tests provoke overload (503) and timeouts (504).
+//!
+//! Every test runs twice: on the embedded log (`embedded::*`) and on a real Kafka broker
+//! (`kafka::*`, at `EVENTFOLD_KAFKA_BOOTSTRAP`, default 127.0.0.1:9092; never skipped).
 
 use eventfold_core::testing::Counter;
 use eventfold_http::HttpOptions;
 use eventfold_log::Log;
 use eventfold_log::embedded::{EmbeddedLog, Options};
+use eventfold_log::kafka::{KafkaLog, KafkaOptions};
 use eventfold_log::testing::GatedLog;
 use eventfold_runtime::{Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
@@ -14,6 +18,59 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Embedded,
+    Kafka,
+}
+
+tokio::task_local! {
+    /// The backend of the running test (set by the generated test functions).
+    static BACKEND: Backend;
+}
+
+fn backend() -> Backend {
+    BACKEND.try_with(|b| *b).unwrap_or(Backend::Embedded)
+}
+
+fn kafka_bootstrap() -> String {
+    let b = std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let addr = b
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("EVENTFOLD_KAFKA_BOOTSTRAP is host:port");
+    if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_err() {
+        panic!("no Kafka broker at {b}: start one with `scripts/kafka/broker.sh start` (Kafka tests never skip)");
+    }
+    b
+}
+
+/// The log of a test server: embedded, or Kafka with topics of a fresh app id.
+fn open_log(dir: &std::path::Path, partitions: u32) -> (Arc<dyn Log>, String) {
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    match backend() {
+        Backend::Embedded => {
+            let log = EmbeddedLog::open(
+                store,
+                Options {
+                    partitions,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            (Arc::new(log), "test".to_owned())
+        }
+        Backend::Kafka => {
+            let app = format!("ct{}", uuid::Uuid::now_v7().simple());
+            let options = KafkaOptions::new(kafka_bootstrap(), partitions, format!("{app}-0"));
+            let log = tokio::task::block_in_place(|| KafkaLog::open(options, store)).unwrap();
+            (Arc::new(log), app)
+        }
+    }
+}
 
 struct Server {
     base: String,
@@ -39,21 +96,10 @@ async fn start_gated(
     wrap: impl FnOnce(Arc<dyn Log>) -> Arc<dyn Log>,
 ) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-    let log = EmbeddedLog::open(
-        store,
-        Options {
-            partitions,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let runtime = Runtime::builder(RuntimeOptions {
-        app_id: "test".into(),
-        ..options
-    })
-    .aggregate::<Counter>(())
-    .build(wrap(Arc::new(log)));
+    let (log, app_id) = open_log(dir.path(), partitions);
+    let runtime = Runtime::builder(RuntimeOptions { app_id, ..options })
+        .aggregate::<Counter>(())
+        .build(wrap(log));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = eventfold_http::router(
@@ -112,7 +158,6 @@ fn assert_error(body: &Value, code: &str) {
     assert!(msg.len() > 10, "message is a sentence: {body}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_command_answers_200_with_outcome_and_replays_it_for_the_same_key() {
     let s = start().await;
     let (st, _, body) = s
@@ -145,7 +190,6 @@ async fn post_command_answers_200_with_outcome_and_replays_it_for_the_same_key()
     assert_eq!(b["version"], 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_command_bad_input_gets_400_404_413_with_error_bodies() {
     let s = start().await;
     for (body, code) in [
@@ -192,7 +236,6 @@ async fn post_command_bad_input_gets_400_404_413_with_error_bodies() {
     assert_eq!(s.post("c-1", r#"{"type":"Add","n":1}"#, &[]).await.0, StatusCode::OK);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_match_gets_412_on_mismatch_and_rejections_get_422() {
     let s = start().await;
     assert_eq!(s.post("c-2", r#"{"type":"Add","n":60}"#, &[]).await.0, StatusCode::OK);
@@ -244,7 +287,6 @@ async fn if_match_gets_412_on_mismatch_and_rejections_get_422() {
     assert_eq!(s.get("/v1/aggregates/counter/c-never").await.0, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_gets_503_with_retry_after() {
     let s = start_with(
         RuntimeOptions {
@@ -286,7 +328,6 @@ async fn overload_gets_503_with_retry_after() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_outcome_gets_504_and_a_retry_with_the_same_key_is_safe() {
     let s = start_with(
         RuntimeOptions {
@@ -314,7 +355,6 @@ async fn slow_outcome_gets_504_and_a_retry_with_the_same_key_is_safe() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_state_has_etag_and_404s() {
     let s = start().await;
     let (st, _, b) = s.get("/v1/aggregates/counter/none").await;
@@ -339,7 +379,6 @@ async fn get_state_has_etag_and_404s() {
     assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_events_reads_from_version_and_400s_on_bad_query() {
     let s = start().await;
     for n in 1..=5 {
@@ -375,7 +414,6 @@ async fn get_events_reads_from_version_and_400s_on_bad_query() {
     assert_error(&b, "invalid_query");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_follow_live_over_sse() {
     let s = start().await;
     s.post("c-6", r#"{"type":"Add","n":1}"#, &[]).await;
@@ -426,7 +464,6 @@ async fn events_follow_live_over_sse() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_ready_metrics_cluster_and_unknown_routes() {
     let s = start().await;
     let (st, _, b) = s.get("/healthz").await;
@@ -467,7 +504,14 @@ async fn health_ready_metrics_cluster_and_unknown_routes() {
     );
     let (st, _, b) = s.get("/v1/cluster").await;
     assert_eq!(st, StatusCode::OK);
-    assert_eq!(b["backend"], "embedded");
+    assert_eq!(
+        b["backend"],
+        if backend() == Backend::Kafka {
+            "kafka"
+        } else {
+            "embedded"
+        }
+    );
     assert_eq!(b["partitions"].as_array().unwrap().len(), 4);
     let (st, _, b) = s.get("/v1/nothing").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
@@ -482,7 +526,6 @@ async fn health_ready_metrics_cluster_and_unknown_routes() {
     assert_error(&r.json().await.unwrap(), "method_not_allowed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_state_stops_its_partition_only() {
     let s = start().await;
     let parts = 4;
@@ -529,7 +572,6 @@ async fn corrupt_state_stops_its_partition_only() {
     assert_eq!(b["partitions"][0]["state"], "failed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_stored_state_stops_its_partition_with_a_clear_error() {
     let s = start_with(RuntimeOptions::default(), 1).await;
     // Checksum fine, content not a Counter: as after an incompatible change of the state type.
@@ -546,7 +588,6 @@ async fn undecodable_stored_state_stops_its_partition_with_a_clear_error() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restoring_partitions_show_in_readyz_and_get_503_past_the_queue_bound() {
     let gate = std::sync::Mutex::new(None);
     let s = start_gated(
@@ -591,3 +632,40 @@ async fn restoring_partitions_show_in_readyz_and_get_503_past_the_queue_bound() 
     assert!(s.runtime.wait_restored(Duration::from_secs(5)).await);
     assert_eq!(s.get("/readyz").await.0, StatusCode::OK);
 }
+
+/// Generates one test per backend for each contract check.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::BACKEND.scope(super::Backend::Embedded, super::$name()).await
+                }
+            )*
+        }
+        mod kafka {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::BACKEND.scope(super::Backend::Kafka, super::$name()).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    post_command_answers_200_with_outcome_and_replays_it_for_the_same_key,
+    post_command_bad_input_gets_400_404_413_with_error_bodies,
+    if_match_gets_412_on_mismatch_and_rejections_get_422,
+    overload_gets_503_with_retry_after,
+    slow_outcome_gets_504_and_a_retry_with_the_same_key_is_safe,
+    get_state_has_etag_and_404s,
+    get_events_reads_from_version_and_400s_on_bad_query,
+    events_follow_live_over_sse,
+    health_ready_metrics_cluster_and_unknown_routes,
+    corrupt_state_stops_its_partition_only,
+    undecodable_stored_state_stops_its_partition_with_a_clear_error,
+    restoring_partitions_show_in_readyz_and_get_503_past_the_queue_bound,
+);
