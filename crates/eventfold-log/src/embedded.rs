@@ -11,7 +11,7 @@ use eventfold_core::Record;
 use eventfold_store::{Batch, EncodedRecord, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use tokio::sync::{mpsc, oneshot};
 
 /// Limits and switches of the embedded log.
@@ -39,27 +39,7 @@ impl Default for Options {
 }
 
 /// Counters of the committer (see [`crate::Stats`]).
-#[derive(Debug, Default)]
-pub struct Stats {
-    group_commits: AtomicU64,
-    units: AtomicU64,
-    records: AtomicU64,
-    write_micros: AtomicU64,
-    busy_micros: AtomicU64,
-}
-
-impl Stats {
-    fn snapshot(&self) -> crate::Stats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        crate::Stats {
-            group_commits: get(&self.group_commits),
-            units: get(&self.units),
-            records: get(&self.records),
-            write_micros: get(&self.write_micros),
-            busy_micros: get(&self.busy_micros),
-        }
-    }
-}
+pub(crate) use crate::Counters as Stats;
 
 const PARTITIONS_KEY: &str = "log/partitions";
 

@@ -114,6 +114,29 @@ pub struct Stats {
     pub busy_micros: u64,
 }
 
+/// The atomic counters behind [`Stats`], shared by the backends' committers.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) group_commits: std::sync::atomic::AtomicU64,
+    pub(crate) units: std::sync::atomic::AtomicU64,
+    pub(crate) records: std::sync::atomic::AtomicU64,
+    pub(crate) write_micros: std::sync::atomic::AtomicU64,
+    pub(crate) busy_micros: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> Stats {
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        Stats {
+            group_commits: get(&self.group_commits),
+            units: get(&self.units),
+            records: get(&self.records),
+            write_micros: get(&self.write_micros),
+            busy_micros: get(&self.busy_micros),
+        }
+    }
+}
+
 /// The pending result of [`Log::commit`].
 pub type CommitFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Receipt>> + Send + 'static>>;
 

@@ -63,7 +63,7 @@ use eventfold_core::Record;
 use eventfold_store::Store;
 use provision::Provisioner;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -175,27 +175,7 @@ impl KafkaOptions {
 }
 
 /// Counters of the committer (see [`crate::Stats`]).
-#[derive(Debug, Default)]
-struct Stats {
-    group_commits: AtomicU64,
-    units: AtomicU64,
-    records: AtomicU64,
-    write_micros: AtomicU64,
-    busy_micros: AtomicU64,
-}
-
-impl Stats {
-    fn snapshot(&self) -> crate::Stats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        crate::Stats {
-            group_commits: get(&self.group_commits),
-            units: get(&self.units),
-            records: get(&self.records),
-            write_micros: get(&self.write_micros),
-            busy_micros: get(&self.busy_micros),
-        }
-    }
-}
+pub(crate) use crate::Counters as Stats;
 
 /// A topic and one of its partitions.
 type TopicPartition = (Arc<str>, u32);
