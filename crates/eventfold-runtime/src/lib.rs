@@ -18,6 +18,7 @@ pub mod metrics;
 mod processor;
 mod runtime;
 mod service;
+mod source;
 pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};

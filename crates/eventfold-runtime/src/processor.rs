@@ -9,7 +9,7 @@ use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::service::{PartitionState, Topics};
 use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
-use eventfold_log::{Append, CommitFuture, CommitUnit, Log, Receipt};
+use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, VecDeque};
@@ -23,8 +23,11 @@ pub(crate) struct Job<A: Aggregate> {
     pub aggregate_id: String,
     pub command_id: String,
     pub correlation_id: String,
-    pub command: A::Command,
+    /// The decoded command, or why a record of the commands topic did not decode.
+    pub command: std::result::Result<A::Command, eventfold_core::Error>,
     pub expected_version: Option<u64>,
+    /// For a record of the commands topic: the offset to consume next once it commits.
+    pub consumed: Option<u64>,
     /// Whether the caller chose the command id (an Idempotency-Key): only then can it
     /// come again, so only then is it deduplicated.
     pub keyed: bool,
@@ -78,6 +81,8 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub dedup_sweep_every: Duration,
     pub cache_limit: usize,
     pub max_inflight: usize,
+    /// Consumer group of the commands topic (Kafka mode).
+    pub group: String,
 }
 
 struct Cached<A> {
@@ -419,7 +424,13 @@ impl<A: Aggregate> Processor<A> {
         let mut jobs = jobs.into_iter();
 
         let mut fatal = None;
+        let mut consumed_next: Option<u64> = None;
         for job in jobs.by_ref() {
+            // Every record taken from the commands topic is consumed by this batch, whatever
+            // its outcome (duplicates and conflicts included).
+            if let Some(next) = job.consumed {
+                consumed_next = Some(consumed_next.map_or(next, |c| c.max(next)));
+            }
             // The same command id again while its first copy is still committing, or
             // twice in this batch: every caller gets the one outcome.
             if let Some(&(seq, i)) = self.inflight_ids.get(&job.command_id) {
@@ -449,72 +460,81 @@ impl<A: Aggregate> Processor<A> {
                     }
                 }
             }
-            let entry = match self.load(&mut working, &job.aggregate_id) {
-                Ok(e) => e,
-                Err(e) => {
-                    fatal = Some((e, job.reply));
-                    break;
-                }
-            };
-            if let Some(expected) = job.expected_version
-                && expected != entry.version
-            {
-                let err = Error::VersionMismatch {
-                    expected,
-                    actual: entry.version,
-                };
-                slots.push(Slot {
-                    pending: Pending::Ready(Err(err), CommandOutcome::Conflict),
-                    replies: vec![job.reply],
-                });
-                continue;
-            }
-            let ctx = Context {
-                aggregate_id: &job.aggregate_id,
-                version: entry.version,
-                timestamp_ms: now,
-                config: &self.cfg.config,
-            };
-            let outcome = match entry.state.handle(job.command, &ctx) {
-                Ok(events) => {
-                    let start = unit.appends.len();
-                    let mut views = Vec::with_capacity(events.len());
-                    for event in &events {
-                        entry.state.apply(event);
-                        entry.version += 1;
-                        let (view, append) = event_record::<A>(
-                            &topics.events,
-                            p,
-                            Ids {
-                                aggregate: &job.aggregate_id,
-                                command: &job.command_id,
-                                correlation: &job.correlation_id,
-                            },
-                            entry.version,
-                            event,
-                            now,
-                        );
-                        views.push(view);
-                        unit.appends.push(append);
-                    }
-                    let accepted = Accepted {
-                        aggregate_id: job.aggregate_id.clone(),
-                        version: entry.version,
-                        events: views,
-                        position: String::new(),
-                    };
-                    Pending::Written {
-                        outcome: Outcome::Accepted(accepted),
-                        appends: start..unit.appends.len(),
-                    }
-                }
-                Err(rejection) => Pending::Written {
-                    outcome: Outcome::Rejected {
-                        error: rejection.code().to_owned(),
-                        message: rejection.to_string(),
-                    },
+            let outcome = match job.command {
+                // Undecodable input from the commands topic: refused, recorded, consumed.
+                Err(invalid) => Pending::Written {
+                    outcome: invalid_outcome(&invalid),
                     appends: 0..0,
                 },
+                Ok(command) => {
+                    let entry = match self.load(&mut working, &job.aggregate_id) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            fatal = Some((e, job.reply));
+                            break;
+                        }
+                    };
+                    if let Some(expected) = job.expected_version
+                        && expected != entry.version
+                    {
+                        let err = Error::VersionMismatch {
+                            expected,
+                            actual: entry.version,
+                        };
+                        slots.push(Slot {
+                            pending: Pending::Ready(Err(err), CommandOutcome::Conflict),
+                            replies: vec![job.reply],
+                        });
+                        continue;
+                    }
+                    let ctx = Context {
+                        aggregate_id: &job.aggregate_id,
+                        version: entry.version,
+                        timestamp_ms: now,
+                        config: &self.cfg.config,
+                    };
+                    match entry.state.handle(command, &ctx) {
+                        Ok(events) => {
+                            let start = unit.appends.len();
+                            let mut views = Vec::with_capacity(events.len());
+                            for event in &events {
+                                entry.state.apply(event);
+                                entry.version += 1;
+                                let (view, append) = event_record::<A>(
+                                    &topics.events,
+                                    p,
+                                    Ids {
+                                        aggregate: &job.aggregate_id,
+                                        command: &job.command_id,
+                                        correlation: &job.correlation_id,
+                                    },
+                                    entry.version,
+                                    event,
+                                    now,
+                                );
+                                views.push(view);
+                                unit.appends.push(append);
+                            }
+                            let accepted = Accepted {
+                                aggregate_id: job.aggregate_id.clone(),
+                                version: entry.version,
+                                events: views,
+                                position: String::new(),
+                            };
+                            Pending::Written {
+                                outcome: Outcome::Accepted(accepted),
+                                appends: start..unit.appends.len(),
+                            }
+                        }
+                        Err(rejection) => Pending::Written {
+                            outcome: Outcome::Rejected {
+                                error: rejection.code().to_owned(),
+                                message: rejection.to_string(),
+                            },
+                            appends: 0..0,
+                        },
+                    }
+                }
             };
             if let Pending::Written { outcome, .. } = &outcome {
                 let json = codec::to_json(outcome);
@@ -587,7 +607,15 @@ impl<A: Aggregate> Processor<A> {
                 id
             })
             .collect();
-        let commit = (written > 0).then(|| {
+        if let Some(next_offset) = consumed_next {
+            unit.consumed.push(Consumed {
+                group: self.cfg.group.clone(),
+                topic: topics.commands.clone(),
+                partition: p,
+                next_offset,
+            });
+        }
+        let commit = (written > 0 || consumed_next.is_some()).then(|| {
             // Enqueued now, in batch order: the log commits this partition's units in order.
             self.log.commit(unit)
         });
@@ -767,6 +795,18 @@ fn event_record<A: Aggregate>(
         entity: Some((ids.aggregate.as_bytes().to_vec(), version)),
     };
     (view, append)
+}
+
+/// The outcome of a commands-topic record that is not a valid command.
+fn invalid_outcome(invalid: &eventfold_core::Error) -> Outcome {
+    let error = match invalid {
+        eventfold_core::Error::UnknownCommand { .. } => "unknown_command_type",
+        _ => "malformed_command",
+    };
+    Outcome::Rejected {
+        error: error.to_owned(),
+        message: invalid.to_string(),
+    }
 }
 
 fn clone_err(e: &Error) -> Error {

@@ -164,6 +164,7 @@ fn start<A: Aggregate>(
             dedup_sweep_every: options.dedup_sweep_every,
             cache_limit: options.cache_limit,
             max_inflight: options.max_inflight_commits.max(1),
+            group: options.app_id.clone(),
         };
         let processor = Processor::new(
             cfg,
@@ -175,6 +176,15 @@ fn start<A: Aggregate>(
         );
         tokio::spawn(processor.run(rx));
         partitions.push((shared, tx));
+    }
+    if log.store_is_cache() {
+        let senders = partitions.iter().map(|(_, tx)| tx.clone()).collect();
+        tokio::spawn(crate::source::run::<A>(
+            log.clone(),
+            topics.commands.clone(),
+            options.app_id.clone(),
+            senders,
+        ));
     }
     Arc::new(TypedService::<A> {
         topics,

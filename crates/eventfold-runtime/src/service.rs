@@ -216,8 +216,9 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             aggregate_id: req.aggregate_id,
             correlation_id: req.correlation_id.unwrap_or_else(|| command_id.clone()),
             command_id,
-            command,
+            command: Ok(command),
             expected_version: req.expected_version,
+            consumed: None,
             keyed,
             reply,
         };

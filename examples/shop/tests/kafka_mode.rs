@@ -193,3 +193,143 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
     let events = read_committed(&bootstrap, &format!("{app}.order.events"));
     assert_eq!(events.len(), 21, "the restarted instance wrote nothing twice");
 }
+
+/// Produces `value` keyed by `key` to `topic` with the given headers (murmur2 partitioner,
+/// as Kafka's Java clients use by default).
+fn produce(bootstrap: &str, topic: &str, key: &str, value: &str, hdrs: &[(&str, &str)], partition: Option<i32>) {
+    use rdkafka::message::OwnedHeaders;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    let mut h = OwnedHeaders::new();
+    for (k, v) in hdrs {
+        h = h.insert(rdkafka::message::Header {
+            key: k,
+            value: Some(*v),
+        });
+    }
+    let mut record = BaseRecord::to(topic).key(key).payload(value).headers(h);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
+    producer.send(record).map_err(|(e, _)| e).unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// Waits until the results topic holds an outcome for every key in `keys`.
+fn outcomes(bootstrap: &str, topic: &str, keys: &[&str]) -> HashMap<String, Value> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let got: HashMap<String, Value> = read_committed(bootstrap, topic)
+            .into_iter()
+            .map(|(k, _, v)| (k, v))
+            .collect();
+        if keys.iter().all(|k| got.contains_key(*k)) {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "outcomes of {keys:?} did not appear on {topic}: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn commands_produced_by_any_kafka_client_are_processed_once() {
+    let bootstrap = bootstrap();
+    let app = format!("kc{}", rand::random::<u32>());
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--kafka", bootstrap.as_str(), "--app-id", app.as_str()];
+    let (shop1, url, _) = start(dir.path(), &flags);
+    let commands = format!("{app}.order.commands");
+    let results = format!("{app}.order.results");
+    // Only a key, a JSON value and ef-type, as DESIGN §2 allows.
+    let place = r#"{"customer_id":"c9","items":[{"sku":"s","qty":1,"price_cents":10}]}"#;
+    produce(
+        &bootstrap,
+        &commands,
+        "x-1",
+        place,
+        &[("ef-type", "PlaceOrder"), ("ef-command-id", "ext-1")],
+        None,
+    );
+    produce(
+        &bootstrap,
+        &commands,
+        "x-1",
+        "not json",
+        &[("ef-command-id", "ext-bad")],
+        None,
+    );
+    produce(
+        &bootstrap,
+        &commands,
+        "x-1",
+        r#"{"type":"ConfirmOrder"}"#,
+        &[("ef-command-id", "ext-2")],
+        None,
+    );
+    // The same command id again (a producer retry): executed once.
+    produce(
+        &bootstrap,
+        &commands,
+        "x-1",
+        place,
+        &[("ef-type", "PlaceOrder"), ("ef-command-id", "ext-1")],
+        None,
+    );
+    // On another partition than murmur2 gives: refused, the aggregate keeps one owner.
+    let home = eventfold::core::partition::partition_for(b"x-1", 8) as i32;
+    let wrong = (home + 1) % 8;
+    produce(
+        &bootstrap,
+        &commands,
+        "x-1",
+        r#"{"type":"ShipOrder"}"#,
+        &[("ef-command-id", "ext-wrong")],
+        Some(wrong),
+    );
+
+    let got = outcomes(&bootstrap, &results, &["ext-1", "ext-bad", "ext-2", "ext-wrong"]);
+    assert_eq!(got["ext-1"]["accepted"]["version"], 1, "{got:?}");
+    assert_eq!(got["ext-2"]["accepted"]["version"], 2, "{got:?}");
+    assert_eq!(got["ext-bad"]["rejected"]["error"], "malformed_command");
+    assert_eq!(got["ext-wrong"]["rejected"]["error"], "malformed_command");
+    assert!(
+        got["ext-wrong"]["rejected"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("murmur2")
+    );
+    let (st, state) = get(&url, "/v1/aggregates/order/x-1");
+    assert_eq!(
+        (st, state["version"].as_u64(), state["state"]["status"].as_str()),
+        (200, Some(2), Some("confirmed"))
+    );
+    let events = read_committed(&bootstrap, &format!("{app}.order.events"));
+    assert_eq!(events.len(), 2, "the repeated command id ran once: {events:?}");
+
+    // Consumed offsets were committed with the effects: a restart re-executes nothing.
+    drop(shop1);
+    let (_shop2, url, _) = start(dir.path(), &flags);
+    produce(
+        &bootstrap,
+        &commands,
+        "x-1",
+        r#"{"type":"ShipOrder"}"#,
+        &[("ef-command-id", "ext-3")],
+        None,
+    );
+    let got = outcomes(&bootstrap, &results, &["ext-3"]);
+    assert_eq!(got["ext-3"]["accepted"]["version"], 3, "{got:?}");
+    assert_eq!(
+        read_committed(&bootstrap, &format!("{app}.order.events")).len(),
+        3,
+        "nothing ran twice after the restart"
+    );
+    assert_eq!(get(&url, "/v1/aggregates/order/x-1").1["version"], 3);
+}

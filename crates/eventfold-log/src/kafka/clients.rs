@@ -53,18 +53,33 @@ fn consumer_config(options: &KafkaOptions, group: Option<&str>) -> ClientConfig 
     c
 }
 
+/// The context of eventfold's consumers: a partition's end is an expected event of every
+/// read (`enable.partition.eof`), not an error worth a log line; everything else is logged.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Quiet;
+
+impl rdkafka::client::ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::error!(%error, reason, "librdkafka error");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Quiet {}
+
 pub(super) struct Clients {
     options: KafkaOptions,
     /// Watermark queries and the reachability check.
-    meta: BaseConsumer,
-    readers: Mutex<Vec<BaseConsumer>>,
-    groups: Mutex<HashMap<String, Arc<BaseConsumer>>>,
+    meta: BaseConsumer<Quiet>,
+    readers: Mutex<Vec<BaseConsumer<Quiet>>>,
+    groups: Mutex<HashMap<String, Arc<BaseConsumer<Quiet>>>>,
 }
 
 impl Clients {
     pub(super) fn new(options: &KafkaOptions) -> Result<Self> {
         let meta = consumer_config(options, None)
-            .create()
+            .create_with_context(Quiet)
             .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
         Ok(Self {
             options: options.clone(),
@@ -128,7 +143,7 @@ impl Clients {
             // librdkafka refuses `assign` without a group id; this group never joins
             // nor commits.
             None => consumer_config(&self.options, Some(&self.reader_group()))
-                .create()
+                .create_with_context(Quiet)
                 .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
         };
         let got = read_range(&reader, topic, partition, from, end, max, self.timeout());
@@ -144,13 +159,13 @@ impl Clients {
 
     /// The consumer standing for `group`: never subscribed, it only fetches the group's
     /// committed offsets and provides its metadata to transactions.
-    fn group(&self, group: &str) -> Result<Arc<BaseConsumer>> {
+    fn group(&self, group: &str) -> Result<Arc<BaseConsumer<Quiet>>> {
         let mut groups = self.groups.lock().expect("groups lock");
         if let Some(c) = groups.get(group) {
             return Ok(c.clone());
         }
-        let c: BaseConsumer = consumer_config(&self.options, Some(group))
-            .create()
+        let c: BaseConsumer<Quiet> = consumer_config(&self.options, Some(group))
+            .create_with_context(Quiet)
             .map_err(|e| kafka_error(&format!("cannot create a consumer for group `{group}`"), e))?;
         let c = Arc::new(c);
         groups.insert(group.to_owned(), c.clone());
@@ -192,7 +207,7 @@ impl Clients {
 /// Assigns `reader` to the partition at `from` and polls until `max` records, the end
 /// (`end`, a last stable offset taken before), or the partition EOF; bounded by `timeout`.
 fn read_range(
-    reader: &BaseConsumer,
+    reader: &BaseConsumer<Quiet>,
     topic: &str,
     partition: u32,
     from: u64,
@@ -270,7 +285,7 @@ fn is_transient(e: &KafkaError) -> bool {
     )
 }
 
-fn position(reader: &BaseConsumer, topic: &str, partition: i32) -> Option<u64> {
+fn position(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Option<u64> {
     let tpl = reader.position().ok()?;
     match tpl.find_partition(topic, partition)?.offset() {
         Offset::Offset(n) if n >= 0 => Some(n as u64),
