@@ -19,6 +19,8 @@
 //! `--dedup-window-secs 0` to watch the test fail when deduplication is off. `EVENTFOLD_*`
 //! variables other than `EVENTFOLD_LOG` are not passed on to the child.
 
+mod common;
+
 use eventfold::Aggregate as _;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -79,7 +81,13 @@ struct Server {
 }
 
 impl Server {
-    fn new(data_dir: &Path, stderr_path: &Path) -> Self {
+    fn new(data_dir: &Path, stderr_path: &Path, mut extra_args: Vec<String>) -> Self {
+        extra_args.extend(
+            std::env::var("CRASH_SHOP_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned),
+        );
         Self {
             bin: PathBuf::from(env!("CARGO_BIN_EXE_shop")),
             data_dir: data_dir.to_owned(),
@@ -89,11 +97,7 @@ impl Server {
             starts: 0,
             port_changes: 0,
             ready_times: Vec::new(),
-            extra_args: std::env::var("CRASH_SHOP_ARGS")
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect(),
+            extra_args,
         }
     }
 
@@ -600,10 +604,91 @@ async fn replay(http: &reqwest::Client, base: &str, sample: Vec<&Sent>) -> Vec<S
     failures
 }
 
+/// I1/I2 as an independent consumer of the events topic sees them: every acknowledged
+/// command's events exactly once at the acknowledged versions, nothing of refused commands,
+/// nothing unknown, versions 1..n per aggregate.
+fn check_independent(events: &[(String, HashMap<String, String>, Value)], sent: &[Sent]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut by_command: HashMap<&str, Vec<(String, u64)>> = HashMap::new();
+    let mut versions: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (key, headers, _) in events {
+        let v: u64 = headers.get("ef-version").and_then(|v| v.parse().ok()).unwrap_or(0);
+        by_command
+            .entry(headers.get("ef-command-id").map(String::as_str).unwrap_or(""))
+            .or_default()
+            .push((key.clone(), v));
+        versions.entry(key.as_str()).or_default().push(v);
+    }
+    for (order, vs) in &versions {
+        let mut sorted = vs.clone();
+        sorted.sort_unstable();
+        if sorted != (1..=vs.len() as u64).collect::<Vec<_>>() {
+            failures.push(format!("independent consumer: {order} has versions {vs:?}"));
+        }
+    }
+    let mut known = std::collections::HashSet::new();
+    for s in sent {
+        known.insert(s.key.as_str());
+        let seen = by_command.get(s.key.as_str()).cloned().unwrap_or_default();
+        match &s.answer {
+            Some((200, ack)) => {
+                let want: Vec<(String, u64)> = ack["events"]
+                    .as_array()
+                    .map(|es| {
+                        es.iter()
+                            .map(|e| (s.order.clone(), e["version"].as_u64().unwrap_or(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if seen != want {
+                    failures.push(format!(
+                        "independent consumer: {} acknowledged {want:?} but the topic holds {seen:?}",
+                        s.key
+                    ));
+                }
+            }
+            Some((422, _)) if !seen.is_empty() => {
+                failures.push(format!("independent consumer: refused {} left events {seen:?}", s.key));
+            }
+            _ => {}
+        }
+    }
+    for cmd in by_command.keys() {
+        if !known.contains(cmd) {
+            failures.push(format!("independent consumer: events of unknown command {cmd:?}"));
+        }
+    }
+    failures
+}
+
 // ---------------------------------------------------------------------------------------
+
+/// The two crash tests share the machine's 2 cores: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_under_load_keeps_invariants() {
+    let _one_at_a_time = SERIAL.lock().await;
+    crash_run(Vec::new(), None).await;
+}
+
+/// The same on Kafka (`--kafka`, a fresh app id), plus a check by an independent
+/// read_committed consumer of `<app>.order.events` (rdkafka, not eventfold's code path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_under_load_keeps_invariants_on_kafka() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("crash{}", rand::random::<u32>());
+    let args = vec![
+        "--kafka".to_owned(),
+        bootstrap.clone(),
+        "--app-id".to_owned(),
+        app.clone(),
+    ];
+    crash_run(args, Some((bootstrap, app))).await;
+}
+
+async fn crash_run(extra_args: Vec<String>, kafka: Option<(String, String)>) {
     let t0 = Instant::now();
     let seed = std::env::var("CRASH_SEED")
         .ok()
@@ -625,7 +710,7 @@ async fn sigkill_under_load_keeps_invariants() {
         .build()
         .expect("http client");
 
-    let mut server = Server::new(&data_dir, &stderr_path);
+    let mut server = Server::new(&data_dir, &stderr_path, extra_args);
     server.start(&http).await;
     let shared = Arc::new(Shared {
         base: RwLock::new(server.base()),
@@ -699,6 +784,12 @@ async fn sigkill_under_load_keeps_invariants() {
     let replay_time = replay_started.elapsed();
     if read_log(&http, &base, orders).await != log {
         failures.push("I3: replaying acknowledged keys changed the log".into());
+    }
+
+    if let Some((bootstrap, app)) = &kafka {
+        let topic = format!("{app}.order.events");
+        let events = tokio::task::block_in_place(|| common::read_committed(bootstrap, &topic, 8));
+        failures.extend(check_independent(&events, &sent));
     }
 
     let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();

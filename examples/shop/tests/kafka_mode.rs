@@ -8,69 +8,15 @@
 
 mod common;
 
-use common::{get, post, start};
+use common::{get, post, read_committed, start};
+
+fn bootstrap() -> String {
+    common::kafka_bootstrap()
+}
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
-
-fn bootstrap() -> String {
-    let b = std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let addr = b.split(',').next().unwrap().to_owned();
-    if std::net::TcpStream::connect_timeout(&addr.parse().expect("host:port"), Duration::from_secs(3)).is_err() {
-        panic!("no Kafka broker at {b}: start one with `scripts/kafka/broker.sh start` (Kafka tests never skip)");
-    }
-    b
-}
-
-/// Every committed record of `topic` (8 partitions), as (key, headers, value).
-fn read_committed(bootstrap: &str, topic: &str) -> Vec<(String, HashMap<String, String>, Value)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "independent-checker")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..8 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let mut eof = 0;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while eof < 8 {
-        assert!(
-            Instant::now() < deadline,
-            "independent consumer did not reach the end of {topic}"
-        );
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
-                let mut headers = HashMap::new();
-                if let Some(h) = m.headers() {
-                    for i in 0..h.count() {
-                        let hd = h.get(i);
-                        headers.insert(
-                            hd.key.to_owned(),
-                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
-                        );
-                    }
-                }
-                out.push((key, headers, serde_json::from_slice(m.payload().unwrap()).unwrap()));
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
-            Some(Err(e)) => panic!("independent consumer: {e}"),
-            None => {}
-        }
-    }
-    out
-}
 
 #[test]
 fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
@@ -106,7 +52,7 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
     assert_eq!((st, &again), (200, &acked["place-3"].1));
 
     // The independent consumer sees every acknowledged event exactly once (I1, I2).
-    let events = read_committed(&bootstrap, &format!("{app}.order.events"));
+    let events = read_committed(&bootstrap, &format!("{app}.order.events"), 8);
     assert_eq!(
         events.len(),
         20,
@@ -190,7 +136,7 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
         (200, Some(3)),
         "versions continue after restore: {b}"
     );
-    let events = read_committed(&bootstrap, &format!("{app}.order.events"));
+    let events = read_committed(&bootstrap, &format!("{app}.order.events"), 8);
     assert_eq!(events.len(), 21, "the restarted instance wrote nothing twice");
 }
 
@@ -223,7 +169,7 @@ fn produce(bootstrap: &str, topic: &str, key: &str, value: &str, hdrs: &[(&str, 
 fn outcomes(bootstrap: &str, topic: &str, keys: &[&str]) -> HashMap<String, Value> {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
-        let got: HashMap<String, Value> = read_committed(bootstrap, topic)
+        let got: HashMap<String, Value> = read_committed(bootstrap, topic, 8)
             .into_iter()
             .map(|(k, _, v)| (k, v))
             .collect();
@@ -310,7 +256,7 @@ fn commands_produced_by_any_kafka_client_are_processed_once() {
         (st, state["version"].as_u64(), state["state"]["status"].as_str()),
         (200, Some(2), Some("confirmed"))
     );
-    let events = read_committed(&bootstrap, &format!("{app}.order.events"));
+    let events = read_committed(&bootstrap, &format!("{app}.order.events"), 8);
     assert_eq!(events.len(), 2, "the repeated command id ran once: {events:?}");
 
     // Consumed offsets were committed with the effects: a restart re-executes nothing.
@@ -327,7 +273,7 @@ fn commands_produced_by_any_kafka_client_are_processed_once() {
     let got = outcomes(&bootstrap, &results, &["ext-3"]);
     assert_eq!(got["ext-3"]["accepted"]["version"], 3, "{got:?}");
     assert_eq!(
-        read_committed(&bootstrap, &format!("{app}.order.events")).len(),
+        read_committed(&bootstrap, &format!("{app}.order.events"), 8).len(),
         3,
         "nothing ran twice after the restart"
     );

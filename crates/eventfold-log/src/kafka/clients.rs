@@ -60,7 +60,7 @@ pub(super) struct Quiet;
 
 impl rdkafka::client::ClientContext for Quiet {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
             tracing::error!(%error, reason, "librdkafka error");
         }
     }

@@ -1,6 +1,12 @@
 //! Helpers shared by the shop's process-level tests: start the binary, talk HTTP.
 #![allow(dead_code)] // each test file uses a different subset
 
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -87,4 +93,62 @@ pub fn get(url: &str, path: &str) -> (u16, serde_json::Value) {
         let r = reqwest::get(format!("{url}{path}")).await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or_default())
     })
+}
+
+/// The broker of the Kafka tests (`EVENTFOLD_KAFKA_BOOTSTRAP`, default 127.0.0.1:9092);
+/// fails when none answers: Kafka tests never skip.
+pub fn kafka_bootstrap() -> String {
+    let b = std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let addr = b.split(',').next().unwrap().to_owned();
+    if std::net::TcpStream::connect_timeout(&addr.parse().expect("host:port"), Duration::from_secs(3)).is_err() {
+        panic!("no Kafka broker at {b}: start one with `scripts/kafka/broker.sh start` (Kafka tests never skip)");
+    }
+    b
+}
+
+/// Every committed record of `topic` (`partitions` partitions) as (key, headers, value),
+/// read by a plain rdkafka consumer: independent of eventfold's code path.
+pub fn read_committed(bootstrap: &str, topic: &str, partitions: i32) -> Vec<(String, HashMap<String, String>, Value)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "independent-checker")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let mut eof = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while eof < partitions {
+        assert!(
+            Instant::now() < deadline,
+            "independent consumer did not reach the end of {topic}"
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+                let mut headers = HashMap::new();
+                if let Some(h) = m.headers() {
+                    for i in 0..h.count() {
+                        let hd = h.get(i);
+                        headers.insert(
+                            hd.key.to_owned(),
+                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                        );
+                    }
+                }
+                out.push((key, headers, serde_json::from_slice(m.payload().unwrap()).unwrap()));
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
+            Some(Err(e)) => panic!("independent consumer: {e}"),
+            None => {}
+        }
+    }
+    out
 }
