@@ -484,8 +484,12 @@ async fn customers_view_keeps_unique_emails_first_writer_wins() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path()).await;
     let reg = |name: &str, email: &str| json!({"type":"RegisterCustomer","name":name,"email":email});
-    s.command("customer", "c1", reg("Ann", "a@x.test")).await;
+    let first = s.command("customer", "c1", reg("Ann", "a@x.test")).await;
     s.command("customer", "c2", reg("Bob", "b@x.test")).await;
+    // "First" across partitions is the order the view applies them in: make c1 applied
+    // before c3 is written.
+    let (st, _) = s.get(&format!("/v1/views/customers/c1?min_position={first}")).await;
+    assert_eq!(st, StatusCode::OK);
     let pos = s.command("customer", "c3", reg("Ann2", "a@x.test")).await;
     let keys = |body: &Value| -> Vec<String> {
         body["rows"]
@@ -542,7 +546,8 @@ fn views_restore_from_their_checkpoints_after_a_restart() {
             // Restored from the checkpoint at once, not replayed from the start.
             let restored = s.runtime.view("event_counts").unwrap().position();
             assert_eq!(restored.marks().map(|(_, _, o)| o).sum::<u64>(), 40 * u64::from(phase));
-            let mut pos = String::new();
+            // Every command's position, merged: queries wait for all partitions.
+            let mut all = eventfold::core::Position::default();
             for i in 0..20 {
                 let id = format!("p{phase}-{i}");
                 s.command(
@@ -552,21 +557,29 @@ fn views_restore_from_their_checkpoints_after_a_restart() {
                 )
                 .await;
                 // Not idempotent in the view: applied twice, the total would be 208.
-                pos = s
+                let pos = s
                     .command(
                         "order",
                         &id,
                         json!({"type":"AddItem","sku":"y","qty":1,"price_cents":99}),
                     )
                     .await;
+                for (topic, p, o) in eventfold::core::Position::decode(&pos).unwrap().marks() {
+                    all.advance(topic, p, o);
+                }
             }
+            let pos = all.encode();
             let n = 20 * (phase as usize + 1);
             let got = s
                 .all_pages(&format!("/v1/views/orders?customer_id=c1&limit=7&min_position={pos}"))
                 .await
                 .concat();
             assert_eq!(got.len(), n, "phase {phase}: {got:?}");
-            let (_, body) = s.get("/v1/views/orders?total_cents=109&limit=1000").await;
+            let (_, body) = s
+                .get(&format!(
+                    "/v1/views/orders?total_cents=109&limit=1000&min_position={pos}"
+                ))
+                .await;
             assert_eq!(body["rows"].as_array().unwrap().len(), n, "phase {phase}: {body}");
             let (_, body) = s.get("/v1/views/orders?total_cents_gte=110&limit=1000").await;
             assert_eq!(body["rows"], json!([]), "nothing applied twice");
@@ -575,7 +588,9 @@ fn views_restore_from_their_checkpoints_after_a_restart() {
                 .await
                 .concat();
             assert_eq!(got.len(), n, "every order's 2 events applied exactly once: {got:?}");
-            let (_, body) = s.get("/v1/views/event_counts?n_gte=3").await;
+            let (_, body) = s
+                .get(&format!("/v1/views/event_counts?n_gte=3&min_position={pos}"))
+                .await;
             assert_eq!(body["rows"], json!([]), "nothing applied twice");
             drop(s.runtime);
         });
