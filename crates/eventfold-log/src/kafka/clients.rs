@@ -224,6 +224,8 @@ fn read_range(
     let deadline = Instant::now() + timeout;
     let mut out: Vec<(u64, Record)> = Vec::with_capacity(max.min(1024));
     let mut next = from;
+    let mut saw_eof = false;
+    let mut quiet_at_end = 0;
     while out.len() < max && next < end {
         let now = Instant::now();
         if now >= deadline {
@@ -232,8 +234,14 @@ fn read_range(
                 what()
             )));
         }
-        match reader.poll((deadline - now).min(Duration::from_millis(100))) {
+        let slice = if saw_eof {
+            Duration::from_millis(20)
+        } else {
+            Duration::from_millis(100)
+        };
+        match reader.poll((deadline - now).min(slice)) {
             Some(Ok(m)) => {
+                quiet_at_end = 0;
                 // Only this assignment's records, each once, in order.
                 let off = m.offset();
                 if m.topic() != topic || m.partition() != p || off < next as i64 {
@@ -245,22 +253,23 @@ fn read_range(
                 }
             }
             // The end of what is committed: control records (transaction markers) may
-            // sit between the last record and `end`. A pooled reader may still hold an
-            // EOF event of its previous assignment (it names only the partition number),
-            // so only the consumer's position decides.
-            Some(Err(KafkaError::PartitionEOF(eof))) if eof == p => {
-                if position(reader, topic, p).is_some_and(|pos| pos >= end) {
-                    break;
-                }
-            }
+            // sit between the last record and `end`. A partition end is only a hint: a pooled reader may still hold one of its
+            // previous assignment (it names only the partition number), and the fetch
+            // position runs ahead of what poll delivered. Keep polling briefly: an empty
+            // poll means the local queue is drained, and then the position decides.
+            Some(Err(KafkaError::PartitionEOF(eof))) if eof == p => saw_eof = true,
             Some(Err(e)) => return Err(kafka_error(&what(), e)),
             None => {
                 // Past the last record only markers may remain; the consumer position
-                // moves past them once fetched.
-                if let Some(pos) = position(reader, topic, p)
-                    && pos >= end
-                {
-                    break;
+                // moves past them once fetched. The position is updated when a fetch
+                // arrives, the messages are queued for poll just after: only two empty
+                // polls in a row at that position mean nothing is left to deliver.
+                if position(reader, topic, p).is_some_and(|pos| pos >= end) {
+                    quiet_at_end += 1;
+                    if quiet_at_end >= 2 {
+                        break;
+                    }
+                    saw_eof = true; // short slices from here on
                 }
             }
         }
