@@ -9,19 +9,19 @@
 mod common;
 
 use common::{get, post, read_committed, start};
-
-fn bootstrap() -> String {
-    common::kafka_bootstrap()
-}
 use rdkafka::config::ClientConfig;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+/// The broker, and a fresh app id (so fresh topics) with `prefix`.
+fn setup(prefix: &str) -> (String, String) {
+    (common::kafka_bootstrap(), format!("{prefix}{}", rand::random::<u32>()))
+}
+
 #[test]
 fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
-    let bootstrap = bootstrap();
-    let app = format!("kt{}", rand::random::<u32>());
+    let (bootstrap, app) = setup("kt");
     let dir1 = tempfile::tempdir().unwrap();
     let flags = ["--kafka", bootstrap.as_str(), "--app-id", app.as_str()];
     let (shop1, url, lines) = start(dir1.path(), &flags);
@@ -186,8 +186,7 @@ fn outcomes(bootstrap: &str, topic: &str, keys: &[&str]) -> HashMap<String, Valu
 
 #[test]
 fn commands_produced_by_any_kafka_client_are_processed_once() {
-    let bootstrap = bootstrap();
-    let app = format!("kc{}", rand::random::<u32>());
+    let (bootstrap, app) = setup("kc");
     let dir = tempfile::tempdir().unwrap();
     let flags = ["--kafka", bootstrap.as_str(), "--app-id", app.as_str()];
     let (shop1, url, _) = start(dir.path(), &flags);
