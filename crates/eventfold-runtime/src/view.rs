@@ -14,6 +14,7 @@
 use crate::error::{Error, Result};
 use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
+use eventfold_core::partition::partition_for;
 use eventfold_core::projection::{Event, RowReader};
 use eventfold_core::{Aggregate, Index, IndexValue, Position, Projection, Record, ViewChanges};
 use eventfold_log::Log;
@@ -346,6 +347,7 @@ pub(crate) fn start<P: Projection>(
             svc: svc.clone(),
             log: log.clone(),
             partition: p as u32,
+            partitions: log.partitions(),
             next: from,
         };
         tokio::spawn(worker.run(source.subscribe()));
@@ -358,6 +360,8 @@ struct Worker<P: Projection> {
     svc: Arc<ViewService>,
     log: Arc<dyn Log>,
     partition: u32,
+    /// The source's partition count (to route notifications by aggregate id).
+    partitions: u32,
     next: u64,
 }
 
@@ -418,8 +422,8 @@ impl<P: Projection> Worker<P> {
             };
             if records.is_empty() {
                 tokio::select! {
-                    r = wake.recv() => {
-                        if matches!(r, Err(broadcast::error::RecvError::Closed)) {
+                    closed = self.wait_for_own_partition(&mut wake) => {
+                        if closed {
                             // The source is gone (shutdown); keep polling at the slow pace.
                             tokio::time::sleep(self.svc.options.poll_interval).await;
                         }
@@ -446,6 +450,19 @@ impl<P: Projection> Worker<P> {
             }
             self.next = next;
             self.svc.partitions[self.partition as usize].applied.send_replace(next);
+        }
+    }
+
+    /// Waits for a commit notification that concerns this worker's partition (a lag
+    /// counts: something may have been missed). Returns true when the source is gone.
+    async fn wait_for_own_partition(&self, wake: &mut broadcast::Receiver<(Arc<str>, u64)>) -> bool {
+        loop {
+            match wake.recv().await {
+                Ok((id, _)) if partition_for(id.as_bytes(), self.partitions) == self.partition => return false,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return false,
+                Err(broadcast::error::RecvError::Closed) => return true,
+            }
         }
     }
 
