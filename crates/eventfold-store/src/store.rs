@@ -524,11 +524,6 @@ impl Store {
         self.db.snapshot()
     }
 
-    /// Bytes on disk.
-    pub fn disk_bytes(&self) -> u64 {
-        self.db.disk_space().unwrap_or(0)
-    }
-
     /// **Testing and repair tools only.** Overwrites the raw stored value of the state row of
     /// `agg_type`/`id` with `value`, bypassing framing, to simulate on-disk corruption.
     #[doc(hidden)]

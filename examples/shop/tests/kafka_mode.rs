@@ -194,46 +194,18 @@ fn commands_produced_by_any_kafka_client_are_processed_once() {
     let results = format!("{app}.order.results");
     // Only a key, a JSON value and ef-type, as DESIGN §2 allows.
     let place = r#"{"customer_id":"c9","items":[{"sku":"s","qty":1,"price_cents":10}]}"#;
-    produce(
-        &bootstrap,
-        &commands,
-        "x-1",
-        place,
-        &[("ef-type", "PlaceOrder"), ("ef-command-id", "ext-1")],
-        None,
-    );
-    produce(
-        &bootstrap,
-        &commands,
-        "x-1",
-        "not json",
-        &[("ef-command-id", "ext-bad")],
-        None,
-    );
-    produce(
-        &bootstrap,
-        &commands,
-        "x-1",
-        r#"{"type":"ConfirmOrder"}"#,
-        &[("ef-command-id", "ext-2")],
-        None,
-    );
+    let send = |value: &str, hdrs: &[(&str, &str)], partition: Option<i32>| {
+        produce(&bootstrap, &commands, "x-1", value, hdrs, partition)
+    };
+    send(place, &[("ef-type", "PlaceOrder"), ("ef-command-id", "ext-1")], None);
+    send("not json", &[("ef-command-id", "ext-bad")], None);
+    send(r#"{"type":"ConfirmOrder"}"#, &[("ef-command-id", "ext-2")], None);
     // The same command id again (a producer retry): executed once.
-    produce(
-        &bootstrap,
-        &commands,
-        "x-1",
-        place,
-        &[("ef-type", "PlaceOrder"), ("ef-command-id", "ext-1")],
-        None,
-    );
+    send(place, &[("ef-type", "PlaceOrder"), ("ef-command-id", "ext-1")], None);
     // On another partition than murmur2 gives: refused, the aggregate keeps one owner.
     let home = eventfold::core::partition::partition_for(b"x-1", 8) as i32;
     let wrong = (home + 1) % 8;
-    produce(
-        &bootstrap,
-        &commands,
-        "x-1",
+    send(
         r#"{"type":"ShipOrder"}"#,
         &[("ef-command-id", "ext-wrong")],
         Some(wrong),
@@ -261,14 +233,7 @@ fn commands_produced_by_any_kafka_client_are_processed_once() {
     // Consumed offsets were committed with the effects: a restart re-executes nothing.
     drop(shop1);
     let (_shop2, url, _) = start(dir.path(), &flags);
-    produce(
-        &bootstrap,
-        &commands,
-        "x-1",
-        r#"{"type":"ShipOrder"}"#,
-        &[("ef-command-id", "ext-3")],
-        None,
-    );
+    send(r#"{"type":"ShipOrder"}"#, &[("ef-command-id", "ext-3")], None);
     let got = outcomes(&bootstrap, &results, &["ext-3"]);
     assert_eq!(got["ext-3"]["accepted"]["version"], 3, "{got:?}");
     assert_eq!(
