@@ -277,6 +277,9 @@ impl<A: Aggregate> Processor<A> {
     async fn replay_changelogs(&mut self) -> Result<()> {
         let p = self.cfg.partition;
         let topics = [self.cfg.topics.events.clone(), self.cfg.topics.state.clone()];
+        // Touching the results topic provisions it, so that clients can subscribe to their
+        // outcomes before the first command is committed.
+        self.log.end_offset(&self.cfg.topics.results, p).await?;
         let mut spans = Vec::new();
         for t in &topics {
             let from = self.log.store().log_end(t, p)?;

@@ -4,6 +4,7 @@
 //! CLI (load generator, ...).
 
 pub mod load;
+pub mod load_topic;
 
 pub use eventfold_core as core;
 pub use eventfold_http as http;

@@ -35,7 +35,7 @@ pub const CONCURRENCY_MAX: usize = 10_000;
 /// Most retries of one logical request.
 pub const RETRIES_MAX: u32 = 100;
 /// Highest latency the histogram distinguishes; larger values are recorded as this.
-const LATENCY_US_MAX: u64 = 3_600_000_000;
+pub(crate) const LATENCY_US_MAX: u64 = 3_600_000_000;
 /// First backoff step when the server gives no `Retry-After`; doubles per retry.
 const BACKOFF_BASE: Duration = Duration::from_millis(25);
 /// How often the progress bar is refreshed.
@@ -303,6 +303,33 @@ pub struct Latency {
     pub mean: f64,
 }
 
+impl Latency {
+    /// Percentiles of a histogram of microseconds, in milliseconds.
+    pub fn from_histogram_us(h: &Histogram<u64>) -> Self {
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p99_9: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+            mean: h.mean() / 1000.0,
+        }
+    }
+
+    /// `{p50, p90, p99, p99_9, max, mean}` in milliseconds.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+            "p99_9": self.p99_9,
+            "max": self.max,
+            "mean": self.mean,
+        })
+    }
+}
+
 /// Status codes that count as success: the command was accepted (2xx) or deliberately
 /// rejected by the aggregate (422); both mean the service did its job.
 pub fn is_success(status: u16) -> bool {
@@ -396,14 +423,7 @@ impl Summary {
             "elapsed_s": self.elapsed.as_secs_f64(),
             "throughput_per_s": self.throughput_per_s(),
             "target_rate_per_s": self.target_rate,
-            "latency_ms": {
-                "p50": latency.p50,
-                "p90": latency.p90,
-                "p99": latency.p99,
-                "p99_9": latency.p99_9,
-                "max": latency.max,
-                "mean": latency.mean,
-            },
+            "latency_ms": latency.to_json(),
             "interrupted": self.interrupted,
             "first_error": self.first_error,
         })
@@ -691,16 +711,7 @@ impl Shared {
     fn summary(&self, opts: &LoadOptions, interrupted: bool) -> Summary {
         let tally = lock(&self.tally);
         let finished = tally.last_done.unwrap_or_else(Instant::now);
-        let ms = |us: u64| us as f64 / 1000.0;
-        let h = &tally.latency_us;
-        let latency_ms = Latency {
-            p50: ms(h.value_at_quantile(0.5)),
-            p90: ms(h.value_at_quantile(0.9)),
-            p99: ms(h.value_at_quantile(0.99)),
-            p99_9: ms(h.value_at_quantile(0.999)),
-            max: ms(h.max()),
-            mean: h.mean() / 1000.0,
-        };
+        let latency_ms = Latency::from_histogram_us(&tally.latency_us);
         let summary = Summary {
             url: format!(
                 "{}/v1/aggregates/{}/{{id}}/commands",
@@ -791,7 +802,7 @@ impl Tally {
 
 /// A body template split at its placeholders.
 #[derive(Debug, Clone)]
-struct Template(Vec<Part>);
+pub(crate) struct Template(Vec<Part>);
 
 #[derive(Debug, Clone)]
 enum Part {
@@ -802,7 +813,7 @@ enum Part {
 }
 
 impl Template {
-    fn parse(text: &str) -> Self {
+    pub(crate) fn parse(text: &str) -> Self {
         const PLACEHOLDERS: [(&str, Part); 3] = [("{id}", Part::Id), ("{n}", Part::N), ("{worker}", Part::Worker)];
         let mut parts = Vec::new();
         let mut literal = String::new();
@@ -827,7 +838,7 @@ impl Template {
         Self(parts)
     }
 
-    fn render(&self, id: &str, n: u64, worker: usize) -> String {
+    pub(crate) fn render(&self, id: &str, n: u64, worker: usize) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
         for part in &self.0 {

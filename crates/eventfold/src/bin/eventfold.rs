@@ -9,6 +9,7 @@ use clap::builder::StyledStr;
 use clap::builder::styling::Style;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset};
+use eventfold::load_topic::{self, TopicLoadOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "eventfold", version, about = "eventfold ops CLI")]
@@ -32,6 +33,124 @@ Examples:
   eventfold load --count 10000 --rate 500 --warmup 2s --json
   eventfold load --type counter --body '{\"type\":\"Add\",\"by\":1}' --ids 100")]
     Load(LoadArgs),
+
+    /// Produce commands straight to `<app>.<type>.commands` on Kafka and measure
+    /// command-to-result latency from the results topic.
+    ///
+    /// Works against any service following eventfold's topic layout (eventfold in Kafka
+    /// mode, or the Kafka Streams peer of the benchmark suite). Each command carries
+    /// `ef-type` and `ef-command-id` headers and is keyed by a fresh aggregate id
+    /// (murmur2-partitioned); its result is matched by key on `<app>.<type>.results`, read
+    /// with `isolation.level=read_committed`.
+    #[command(after_help = "\
+Exit status: 0 when every result arrived exactly once, 1 when a result is missing or \
+duplicated, 2 on invalid options or when the topics cannot be reached.
+
+Examples:
+  eventfold load-topic --bootstrap 127.0.0.1:9092 --app shop --duration 10s
+  eventfold load-topic --rate 5000 --duration 10s --json")]
+    LoadTopic(LoadTopicArgs),
+}
+
+#[derive(Debug, Args)]
+struct LoadTopicArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "EVENTFOLD_KAFKA_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+
+    /// Topic prefix (the service's --app-id).
+    #[arg(long, default_value = "shop")]
+    app: String,
+
+    /// Aggregate type: topics `<app>.<type>.commands` and `<app>.<type>.results`.
+    #[arg(long = "type", value_name = "TYPE", default_value = "order")]
+    aggregate_type: String,
+
+    // The help is built in code: clap turns a literal `{n}` in help text into a line break.
+    // Default: the shop-orders preset, `PlaceOrder` on a fresh order.
+    #[arg(long, value_name = "JSON", help = body_help())]
+    body: Option<String>,
+
+    /// Prefix of every (fresh) aggregate id.
+    #[arg(long, value_name = "PREFIX", default_value = "load-")]
+    id_prefix: String,
+
+    /// How long to produce, e.g. 10s [default: 10s].
+    #[arg(short, long, value_parser = load::parse_duration, conflicts_with = "count")]
+    duration: Option<Duration>,
+
+    /// Produce exactly N commands instead of running for a duration.
+    #[arg(short = 'n', long, value_name = "N")]
+    count: Option<u64>,
+
+    /// Commands per second (open loop; latency counts from each command's due time)
+    /// [default: as fast as --in-flight allows].
+    #[arg(short, long, value_name = "R")]
+    rate: Option<f64>,
+
+    /// Most commands awaiting their result at once (closed loop).
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    in_flight: usize,
+
+    /// How long to wait for outstanding results after producing stopped.
+    #[arg(long, value_parser = load::parse_duration, default_value = "30s")]
+    result_timeout: Duration,
+
+    /// Producer linger.ms.
+    #[arg(long, value_name = "MS", default_value_t = 2)]
+    linger_ms: u32,
+
+    /// Print the summary as one JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+
+    /// Hide the progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+impl LoadTopicArgs {
+    fn into_options(self) -> TopicLoadOptions {
+        TopicLoadOptions {
+            bootstrap: self.bootstrap,
+            app: self.app,
+            aggregate_type: self.aggregate_type,
+            body: self.body.unwrap_or_else(|| Preset::SHOP_ORDERS_BODY.to_owned()),
+            id_prefix: self.id_prefix,
+            limit: match (self.count, self.duration) {
+                (Some(count), _) => Limit::Count(count),
+                (None, duration) => Limit::Duration(duration.unwrap_or(Duration::from_secs(10))),
+            },
+            rate: self.rate,
+            in_flight: self.in_flight,
+            result_timeout: self.result_timeout,
+            linger_ms: self.linger_ms,
+            progress: !self.quiet && std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+fn load_topic(args: LoadTopicArgs) -> ExitCode {
+    let json = args.json;
+    let summary = match load_topic::run(args.into_options()) {
+        Ok(summary) => summary,
+        Err(e) => {
+            eprintln!("eventfold load-topic: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        println!("{}", summary.to_json());
+    } else {
+        println!("{summary}");
+    }
+    match summary.check() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("eventfold load-topic: failed: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -181,11 +300,15 @@ impl LoadArgs {
     }
 }
 
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Load(args) => load_http(args),
+        Command::LoadTopic(args) => load_topic(args),
+    }
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
-    let Cli {
-        command: Command::Load(args),
-    } = Cli::parse();
+async fn load_http(args: LoadArgs) -> ExitCode {
     let json = args.json;
     let opts = args.into_options();
     let shutdown = async {

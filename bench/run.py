@@ -1,0 +1,572 @@
+#!/usr/bin/env python3
+"""eventfold benchmark suite: eventfold side by side with its peers, in one run.
+
+Scenarios (each records its parameters in the results):
+  embedded  command throughput/latency over HTTP, embedded log with fsync on,
+            vs cqrs-es + postgres-es on PostgreSQL (fsync on), same load generator
+            (`eventfold load`), same concurrency, runs alternated.
+  kafka     eventfold in Kafka mode on the real broker vs the Kafka Streams peer
+            (exactly_once_v2), same broker and partition count, same command stream
+            (`eventfold load-topic`: produced to <app>.order.commands, results read
+            read_committed from <app>.order.results): max throughput and latency at a
+            fixed rate; plus eventfold through HTTP.
+  restore   time from process start to /readyz ready with N aggregates, embedded
+            (restart on the same data dir) and Kafka (a new instance on an empty cache).
+
+Outputs bench/results/: results.json (every figure and parameter), results.md (tables and
+ratios), throughput.png and latency.png.
+
+Usage:
+  bench/run.py                      full run (several minutes per scenario)
+  bench/run.py --smoke              seconds per run, small N (what CI runs)
+  bench/run.py --scenarios kafka --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+KS_PEER = ROOT / "bench" / "peers" / "kafka-streams"
+CQRS_PEER = ROOT / "bench" / "peers" / "cqrs-es"
+CACHE = Path(os.environ.get("EVENTFOLD_CACHE", Path.home() / ".cache" / "eventfold"))
+SCENARIOS = ("embedded", "kafka", "restore")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg: str) -> None:
+    print(f"\n[bench] ERROR: {msg}\n", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    log("$ " + " ".join(str(c) for c in cmd))
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+# ------------------------------------------------------------------ processes
+
+
+class Proc:
+    """A service as a child process; its output goes to a log file under the work dir."""
+
+    def __init__(self, name: str, cmd: list[str], workdir: Path, env: dict | None = None):
+        self.name = name
+        self.log_path = workdir / f"{name}.log"
+        self.log_file = open(self.log_path, "ab")
+        log(f"start {name}: {' '.join(str(c) for c in cmd)}")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=self.log_file,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def wait_http(self, url: str, timeout: float) -> float:
+        """Waits until GET url answers 200; returns seconds since start."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.fail(f"exited with {self.proc.returncode} before {url} answered")
+            if http_ok(url):
+                return time.monotonic() - self.started
+            time.sleep(0.01)
+        self.fail(f"{url} not ready after {timeout:.0f} s")
+
+    def wait_line(self, line: str, timeout: float) -> float:
+        """Waits until the process prints `line` on stdout; returns seconds since start."""
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while time.monotonic() < deadline:
+            chunk = self.proc.stdout.read()
+            if chunk:
+                buf += chunk
+                self.log_file.write(chunk)
+                if line.encode() in buf.splitlines():
+                    return time.monotonic() - self.started
+            elif self.proc.poll() is not None:
+                self.fail(f"exited with {self.proc.returncode} before printing {line}")
+            time.sleep(0.02)
+        self.fail(f"did not print {line} within {timeout:.0f} s")
+
+    def fail(self, why: str) -> None:
+        self.stop()
+        tail = self.log_path.read_text(errors="replace").splitlines()[-40:]
+        die(f"{self.name} {why}; last lines of {self.log_path}:\n" + "\n".join(tail))
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self.log_file.close()
+
+
+@contextmanager
+def service(name, cmd, workdir, env=None):
+    p = Proc(name, cmd, workdir, env)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+# ------------------------------------------------------------------ suite
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.smoke = args.smoke
+        self.work = Path(tempfile.mkdtemp(prefix="eventfold-bench-"))
+        self.run_tag = time.strftime("%H%M%S")
+        profile = "debug" if args.debug_build else "release"
+        self.profile = profile
+        target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+        self.bin = target / profile
+        self.peer_target = Path(os.environ.get("EVENTFOLD_PEER_TARGET_DIR", CACHE / "target-peers"))
+        self.bootstrap = args.bootstrap
+        self.broker_started = False
+        self.pg_started = False
+        self.results: dict = {
+            "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "mode": "smoke" if self.smoke else "full",
+            "machine": machine(),
+            "build_profile": profile,
+            "runs": args.runs,
+            "scenarios": {},
+        }
+
+    # ---------------------------------------------------------------- builds
+
+    def build(self, scenarios):
+        cargo = ["cargo", "build", "--locked", "-p", "shop", "-p", "eventfold", "--bins"]
+        if self.profile == "release":
+            cargo.append("--release")
+        run(cargo, cwd=ROOT)
+        if "embedded" in scenarios and not self.args.no_peers:
+            run(
+                ["cargo", "build", "--release", "--locked", "--manifest-path", str(CQRS_PEER / "Cargo.toml")],
+                cwd=CQRS_PEER,
+                env={**os.environ, "CARGO_TARGET_DIR": str(self.peer_target)},
+            )
+        if "kafka" in scenarios and not self.args.no_peers:
+            run(["mvn", "-q", "-B", "-DskipTests", "package"], cwd=KS_PEER)
+
+    # ---------------------------------------------------------------- infrastructure
+
+    def ensure_broker(self):
+        host, port = self.bootstrap.rsplit(":", 1)
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex((host, int(port))) == 0:
+                log(f"using the Kafka broker already at {self.bootstrap}")
+                return
+        env = {**os.environ, "EVENTFOLD_KAFKA_PORT": port}
+        run([str(ROOT / "scripts" / "kafka" / "broker.sh"), "start"], env=env)
+        self.broker_started = True
+
+    def ensure_pg(self):
+        if self.pg_started:
+            return
+        run([str(CQRS_PEER / "pg.sh"), "start"], env={**os.environ, **self.pg_env()})
+        self.pg_started = True
+
+    def pg_env(self):
+        return {"EF_PG_DIR": str(self.work / "pg"), "EF_PG_PORT": str(self.args.pg_port)}
+
+    def cleanup(self):
+        if self.pg_started:
+            subprocess.run([str(CQRS_PEER / "pg.sh"), "stop"], env={**os.environ, **self.pg_env()})
+        if self.broker_started:
+            port = self.bootstrap.rsplit(":", 1)[1]
+            subprocess.run(
+                [str(ROOT / "scripts" / "kafka" / "broker.sh"), "stop"],
+                env={**os.environ, "EVENTFOLD_KAFKA_PORT": port},
+            )
+        if not self.args.keep_work:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    # ---------------------------------------------------------------- load generators
+
+    def http_load(self, url, duration, concurrency, rate=None, count=None, ids_body=None):
+        cmd = [str(self.bin / "eventfold"), "load", "--url", url, "--json", "--quiet",
+               "--concurrency", str(concurrency)]
+        cmd += ["--count", str(count)] if count else ["--duration", duration]
+        if rate:
+            cmd += ["--rate", str(rate)]
+        out = run(cmd, stdout=subprocess.PIPE, text=True).stdout
+        return json.loads(out)
+
+    def topic_load(self, app, duration, rate=None, count=None, in_flight=None):
+        cmd = [str(self.bin / "eventfold"), "load-topic", "--bootstrap", self.bootstrap, "--app", app,
+               "--json", "--quiet"]
+        cmd += ["--count", str(count)] if count else ["--duration", duration]
+        if rate:
+            cmd += ["--rate", str(rate)]
+        if in_flight:
+            cmd += ["--in-flight", str(in_flight)]
+        out = run(cmd, stdout=subprocess.PIPE, text=True).stdout
+        return json.loads(out)
+
+    # ---------------------------------------------------------------- services
+
+    def shop(self, name, data_dir, kafka=False, app="shop", partitions=8):
+        port = free_port()
+        cmd = [str(self.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+               "--partitions", str(partitions)]
+        if kafka:
+            cmd += ["--kafka", self.bootstrap, "--app-id", app]
+        return service(name, cmd, self.work, env={"RUST_LOG": "warn"}), f"http://127.0.0.1:{port}"
+
+    # ---------------------------------------------------------------- scenarios
+
+    def scenario_embedded(self):
+        a = self.args
+        params = {"concurrency": a.concurrency, "duration": a.duration, "fsync": True,
+                  "workload": "PlaceOrder on a fresh order per request (eventfold load --preset shop-orders)",
+                  "load_generator": "eventfold load (HTTP/1.1, keep-alive)"}
+        runs = {"eventfold": [], "cqrs-es": []}
+        for i in range(a.runs):
+            log(f"embedded run {i + 1}/{a.runs}: eventfold")
+            svc, url = self.shop(f"shop-embedded-{i}", self.work / f"embedded-{i}")
+            with svc as p:
+                p.wait_http(url + "/readyz", 60)
+                runs["eventfold"].append(self.http_load(url, a.duration, a.concurrency))
+            shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)
+            if a.no_peers:
+                continue
+            log(f"embedded run {i + 1}/{a.runs}: cqrs-es + PostgreSQL")
+            self.ensure_pg()
+            port = free_port()
+            cmd = [str(self.peer_target / "release" / "cqrs-peer"), "--listen", f"127.0.0.1:{port}",
+                   "--database-url", f"postgres://efbench@127.0.0.1:{a.pg_port}/cqrs"]
+            with service(f"cqrs-peer-{i}", cmd, self.work) as p:
+                url = f"http://127.0.0.1:{port}"
+                p.wait_http(url + "/healthz", 60)
+                runs["cqrs-es"].append(self.http_load(url, a.duration, a.concurrency))
+        self.record("embedded", params, runs, pairs=[("eventfold", "cqrs-es")])
+
+    def scenario_kafka(self):
+        a = self.args
+        self.ensure_broker()
+        params = {"partitions": a.partitions, "duration": a.duration, "fixed_rate": a.kafka_rate,
+                  "topic_in_flight": a.in_flight, "http_concurrency": a.concurrency,
+                  "workload": "PlaceOrder on a fresh order per command",
+                  "load_generator": "eventfold load-topic (results read_committed) / eventfold load (HTTP)",
+                  "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}"}
+        runs = {k: [] for k in ("eventfold topic max", "kafka-streams topic max", "eventfold topic fixed-rate",
+                                "kafka-streams topic fixed-rate", "eventfold http max", "eventfold http fixed-rate")}
+        for i in range(a.runs):
+            app = f"efb{self.run_tag}r{i}"
+            log(f"kafka run {i + 1}/{a.runs}: eventfold (app {app})")
+            svc, url = self.shop(f"shop-kafka-{i}", self.work / f"kafka-{i}", kafka=True, app=app,
+                                 partitions=a.partitions)
+            with svc as p:
+                p.wait_http(url + "/readyz", 120)
+                runs["eventfold topic max"].append(self.topic_load(app, a.duration, in_flight=a.in_flight))
+                runs["eventfold topic fixed-rate"].append(self.topic_load(app, a.duration, rate=a.kafka_rate))
+                runs["eventfold http max"].append(self.http_load(url, a.duration, a.concurrency))
+                runs["eventfold http fixed-rate"].append(
+                    self.http_load(url, a.duration, a.concurrency, rate=a.kafka_rate))
+            if a.no_peers:
+                continue
+            ks_app = f"ksb{self.run_tag}r{i}"
+            log(f"kafka run {i + 1}/{a.runs}: Kafka Streams peer (app {ks_app})")
+            cmd = [str(KS_PEER / "run.sh"), "--bootstrap", self.bootstrap, "--app-id", ks_app,
+                   "--partitions", str(a.partitions), "--state-dir", str(self.work / f"ks-{i}")]
+            with service(f"ks-peer-{i}", cmd, self.work) as p:
+                p.wait_line("READY", 180)
+                runs["kafka-streams topic max"].append(self.topic_load(ks_app, a.duration, in_flight=a.in_flight))
+                runs["kafka-streams topic fixed-rate"].append(
+                    self.topic_load(ks_app, a.duration, rate=a.kafka_rate))
+        self.record("kafka", params, runs, pairs=[("eventfold topic max", "kafka-streams topic max"),
+                                                  ("eventfold topic fixed-rate", "kafka-streams topic fixed-rate")])
+
+    def scenario_restore(self):
+        a = self.args
+        params = {"aggregates": a.restore_n, "partitions": a.partitions,
+                  "measure": "process start to GET /readyz == 200",
+                  "populate": "PlaceOrder on N fresh orders"}
+        runs: dict = {}
+        for n in a.restore_n:
+            key = f"embedded restart N={n}"
+            data = self.work / f"restore-{n}"
+            svc, url = self.shop(f"shop-restore-{n}-fill", data)
+            with svc as p:
+                p.wait_http(url + "/readyz", 60)
+                log(f"restore: writing {n} orders (embedded)")
+                self.http_load(url, None, 64, count=n)
+            runs[key] = []
+            for i in range(a.runs):
+                svc, url = self.shop(f"shop-restore-{n}-{i}", data)
+                with svc as p:
+                    runs[key].append({"ready_s": p.wait_http(url + "/readyz", 600)})
+            shutil.rmtree(data, ignore_errors=True)
+            if a.skip_kafka_restore:
+                continue
+            self.ensure_broker()
+            app = f"efr{self.run_tag}n{n}"
+            svc, url = self.shop(f"shop-krestore-{n}-fill", self.work / f"kfill-{n}", kafka=True, app=app,
+                                 partitions=a.partitions)
+            with svc as p:
+                p.wait_http(url + "/readyz", 120)
+                log(f"restore: writing {n} orders (Kafka, app {app})")
+                self.topic_load(app, None, count=n, in_flight=a.in_flight)
+            key = f"kafka new instance N={n}"
+            runs[key] = []
+            for i in range(a.runs):
+                data = self.work / f"krestore-{n}-{i}"
+                svc, url = self.shop(f"shop-krestore-{n}-{i}", data, kafka=True, app=app, partitions=a.partitions)
+                with svc as p:
+                    runs[key].append({"ready_s": p.wait_http(url + "/readyz", 1800)})
+                shutil.rmtree(data, ignore_errors=True)
+        self.record("restore", params, runs, pairs=[])
+
+    # ---------------------------------------------------------------- results
+
+    def record(self, name, params, runs, pairs):
+        systems = {}
+        for system, rs in runs.items():
+            if not rs:
+                continue
+            systems[system] = {"runs": rs, "median": medians(rs)}
+        ratios = []
+        for ef, peer in pairs:
+            if ef in systems and peer in systems:
+                m_ef, m_peer = systems[ef]["median"], systems[peer]["median"]
+                ratio = {"eventfold": ef, "peer": peer}
+                if m_peer.get("throughput_per_s"):
+                    ratio["throughput"] = m_ef["throughput_per_s"] / m_peer["throughput_per_s"]
+                if m_ef.get("p99_ms"):
+                    ratio["p99_latency"] = m_ef["p99_ms"] / m_peer["p99_ms"]
+                ratios.append(ratio)
+        self.results["scenarios"][name] = {"params": params, "systems": systems, "ratios": ratios}
+        self.write()
+
+    def write(self):
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        (RESULTS / "results.md").write_text(markdown(self.results))
+        charts(self.results)
+
+
+def medians(runs: list[dict]) -> dict:
+    """Median of the figures of interest over runs (each run a load summary or {ready_s})."""
+    def pick(r):
+        if "ready_s" in r:
+            return {"ready_s": r["ready_s"]}
+        lat = r.get("latency_ms", {})
+        return {
+            "throughput_per_s": r.get("throughput_per_s"),
+            "p50_ms": lat.get("p50"),
+            "p90_ms": lat.get("p90"),
+            "p99_ms": lat.get("p99"),
+            "p99_9_ms": lat.get("p99_9"),
+            "failed": r.get("failed", r.get("missing", 0) + r.get("duplicates", 0)),
+        }
+    picked = [pick(r) for r in runs]
+    return {k: statistics.median(p[k] for p in picked) for k in picked[0] if picked[0][k] is not None}
+
+
+def machine() -> dict:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    except OSError:
+        mem_kb = 0
+    return {"cpu": model, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 1024 / 1024, 1),
+            "kernel": platform.release(), "hostname": platform.node()}
+
+
+def fmt(v, digits=1):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}"
+
+
+def markdown(res: dict) -> str:
+    m = res["machine"]
+    out = [f"# eventfold benchmark results ({res['mode']})", "",
+           f"Run {res['started_at']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
+           f"{res['runs']} runs per system, alternated; figures are medians over runs; "
+           f"build profile {res['build_profile']}.", ""]
+    for name, sc in res["scenarios"].items():
+        out += [f"## {name}", "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in sc["params"].items()), ""]
+        if name == "restore":
+            out += ["| case | ready (s), median | runs |", "|---|---:|---|"]
+            for system, s in sc["systems"].items():
+                rs = ", ".join(f"{r['ready_s']:.2f}" for r in s["runs"])
+                out.append(f"| {system} | {s['median']['ready_s']:.2f} | {rs} |")
+        else:
+            out += ["| system | commands/s | p50 ms | p90 ms | p99 ms | p99.9 ms | failed | runs (commands/s) |",
+                    "|---|---:|---:|---:|---:|---:|---:|---|"]
+            for system, s in sc["systems"].items():
+                md = s["median"]
+                rs = ", ".join(fmt(r.get("throughput_per_s"), 0) for r in s["runs"])
+                out.append(f"| {system} | {fmt(md.get('throughput_per_s'), 0)} | {fmt(md.get('p50_ms'), 2)} | "
+                           f"{fmt(md.get('p90_ms'), 2)} | {fmt(md.get('p99_ms'), 2)} | {fmt(md.get('p99_9_ms'), 2)} | "
+                           f"{fmt(md.get('failed'), 0)} | {rs} |")
+        if sc["ratios"]:
+            out += ["", "| eventfold / peer | throughput ratio | p99 latency ratio |", "|---|---:|---:|"]
+            for r in sc["ratios"]:
+                out.append(f"| {r['eventfold']} / {r['peer']} | {fmt(r.get('throughput'), 2)}x | "
+                           f"{fmt(r.get('p99_latency'), 2)}x |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def charts(res: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no charts (pip install -r bench/requirements.txt)")
+        return
+    bars = []  # (label, median, min, max)
+    lat = []  # (label, [p50, p90, p99, p99.9])
+    for name, sc in res["scenarios"].items():
+        if name == "restore":
+            continue
+        for system, s in sc["systems"].items():
+            t = [r["throughput_per_s"] for r in s["runs"]]
+            md = s["median"]
+            bars.append((f"{name}: {system}", md["throughput_per_s"], min(t), max(t)))
+            lat.append((f"{name}: {system}", [md.get("p50_ms"), md.get("p90_ms"), md.get("p99_ms"),
+                                               md.get("p99_9_ms")]))
+    if bars:
+        fig, ax = plt.subplots(figsize=(10, 0.5 * len(bars) + 1.5))
+        labels = [b[0] for b in bars]
+        med = [b[1] for b in bars]
+        err = [[b[1] - b[2] for b in bars], [b[3] - b[1] for b in bars]]
+        colors = ["tab:blue" if "eventfold" in b[0] else "tab:gray" for b in bars]
+        ax.barh(labels, med, xerr=err, color=colors, capsize=3)
+        ax.invert_yaxis()
+        ax.set_xlabel("commands/s (median over runs; whiskers: min-max)")
+        ax.set_title(f"Throughput ({res['mode']}, {res['machine']['cores']} cores)")
+        for i, v in enumerate(med):
+            ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(RESULTS / "throughput.png", dpi=110)
+        plt.close(fig)
+    if lat:
+        fig, ax = plt.subplots(figsize=(10, 0.5 * len(lat) + 1.5))
+        qs = ["p50", "p90", "p99", "p99.9"]
+        h = 0.8 / len(qs)
+        for qi, q in enumerate(qs):
+            vals = [(l[1][qi] or 0) for l in lat]
+            ax.barh([i + qi * h for i in range(len(lat))], vals, height=h, label=q)
+        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(lat))])
+        ax.set_yticklabels([l[0] for l in lat])
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("command-to-result latency, ms (median over runs, log scale)")
+        ax.set_title("Latency percentiles")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / "latency.png", dpi=110)
+        plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true",
+                    help="seconds per run and small N: checks the suite works (CI); figures mean little")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    ap.add_argument("--runs", type=int, help="runs per system, alternated (default 3; smoke 1)")
+    ap.add_argument("--duration", help="measured time per load run (default 10s; smoke 2s)")
+    ap.add_argument("--concurrency", type=int, default=64, help="HTTP clients (default 64)")
+    ap.add_argument("--kafka-rate", type=int, help="fixed rate for latency runs, commands/s (default 5000; smoke 500)")
+    ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")
+    ap.add_argument("--partitions", type=int, default=8, help="partitions per topic, both systems (default 8)")
+    ap.add_argument("--restore-n", help="comma list of aggregate counts (default 100000,1000000; smoke 1000)")
+    ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
+    ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+                    help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
+    ap.add_argument("--pg-port", type=int, default=55432, help="PostgreSQL port for the cqrs-es peer")
+    ap.add_argument("--no-peers", action="store_true", help="eventfold only")
+    ap.add_argument("--debug-build", action="store_true", help="use debug binaries (smoke in CI: already built)")
+    ap.add_argument("--no-build", action="store_true", help="do not build (binaries must exist)")
+    ap.add_argument("--keep-work", action="store_true", help="keep the work directory (logs, data)")
+    a = ap.parse_args()
+    a.runs = a.runs or (1 if a.smoke else 3)
+    a.duration = a.duration or ("2s" if a.smoke else "10s")
+    a.kafka_rate = a.kafka_rate or (500 if a.smoke else 5000)
+    a.restore_n = [int(x) for x in (a.restore_n or ("1000" if a.smoke else "100000,1000000")).split(",")]
+    scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        die(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
+
+    suite = Suite(a)
+    log(f"work dir {suite.work}; scenarios {', '.join(scenarios)}; {a.runs} run(s) each")
+    try:
+        if not a.no_build:
+            suite.build(scenarios)
+        for s in scenarios:
+            getattr(suite, f"scenario_{s}")()
+    finally:
+        suite.cleanup()
+    failed = [
+        f"{name}/{system}"
+        for name, sc in suite.results["scenarios"].items()
+        for system, s in sc["systems"].items()
+        if any(r.get("passed") is False for r in s["runs"])
+    ]
+    print((RESULTS / "results.md").read_text())
+    if failed:
+        die("load runs failed (missing/duplicate results or too many errors): " + ", ".join(failed))
+    log(f"results in {RESULTS}/ (results.json, results.md, throughput.png, latency.png)")
+
+
+if __name__ == "__main__":
+    main()
