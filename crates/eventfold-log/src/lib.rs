@@ -173,6 +173,38 @@ pub trait Log: Send + Sync + 'static {
     }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
+    /// Follows `topic` from each `(partition, offset)` of `starts`: committed records are
+    /// delivered in offset order per partition as soon as they are committed, until the
+    /// [`Follower`] is dropped. Backends without a push path return `Config`; callers then
+    /// poll [`Log::read`].
+    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<Follower> {
+        let _ = starts;
+        Err(Error::Config(format!(
+            "the {} log cannot follow `{topic}`; poll it with read()",
+            self.backend()
+        )))
+    }
+}
+
+/// Records of one partition of a followed topic, with their offsets.
+pub type FollowedBatch = (u32, Vec<(u64, Record)>);
+
+/// A live stream of committed records (see [`Log::follow`]).
+pub struct Follower {
+    rx: tokio::sync::mpsc::Receiver<Result<FollowedBatch>>,
+}
+
+impl Follower {
+    /// A follower fed by `rx`; the feeder stops when the follower is dropped.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<Result<FollowedBatch>>) -> Self {
+        Self { rx }
+    }
+
+    /// The next batch of one partition (waits for one); `None` once the feeder stopped.
+    /// An error is reported once; the feeder keeps following after it.
+    pub async fn next(&mut self) -> Option<Result<FollowedBatch>> {
+        self.rx.recv().await
+    }
 }
 
 /// The name of the meta entry holding a consumer group's offset.

@@ -12,7 +12,7 @@ use crate::processor::Job;
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::{Aggregate, Record, codec};
-use eventfold_log::Log;
+use eventfold_log::{Follower, Log};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -38,10 +38,45 @@ pub(crate) async fn run<A: Aggregate>(
         next.push(from);
     }
     tracing::info!(%topic, %group, "consuming commands from the topic");
+    let starts: Vec<(u32, u64)> = next.iter().enumerate().map(|(p, o)| (p as u32, *o)).collect();
+    match log.follow(&topic, &starts) {
+        Ok(follower) => follow(follower, &topic, &senders).await,
+        Err(e) => {
+            tracing::info!(%topic, reason = %e, "polling the commands topic");
+            poll(log, &topic, next, &senders).await;
+        }
+    }
+}
+
+/// Hands the records of a live follower to the processors.
+async fn follow<A: Aggregate>(mut follower: Follower, topic: &str, senders: &[mpsc::Sender<Job<A>>]) {
+    let partitions = senders.len() as u32;
+    while let Some(batch) = follower.next().await {
+        let (p, records) = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(%topic, error = %e, "following the commands topic failed; it retries");
+                continue;
+            }
+        };
+        let Some(tx) = senders.get(p as usize) else {
+            continue;
+        };
+        for (offset, record) in records {
+            // Backpressure: wait for room in the processor's queue.
+            if tx.send(job::<A>(topic, p, partitions, offset, &record)).await.is_err() {
+                return; // the runtime is shutting down
+            }
+        }
+    }
+}
+
+/// Polls every partition with [`Log::read`], for logs that cannot follow.
+async fn poll<A: Aggregate>(log: Arc<dyn Log>, topic: &str, mut next: Vec<u64>, senders: &[mpsc::Sender<Job<A>>]) {
     loop {
         let mut idle = true;
         for (p, tx) in senders.iter().enumerate() {
-            let records = match log.read(&topic, p as u32, next[p], 512).await {
+            let records = match log.read(topic, p as u32, next[p], 512).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(%topic, partition = p, error = %e, "reading commands failed; retrying");
@@ -53,7 +88,7 @@ pub(crate) async fn run<A: Aggregate>(
                 idle = false;
                 next[p] = offset + 1;
                 // Backpressure: wait for room in the processor's queue.
-                let job = job::<A>(&topic, p as u32, senders.len() as u32, offset, &record);
+                let job = job::<A>(topic, p as u32, senders.len() as u32, offset, &record);
                 if tx.send(job).await.is_err() {
                     return; // the runtime is shutting down
                 }

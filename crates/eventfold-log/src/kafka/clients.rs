@@ -157,6 +157,30 @@ impl Clients {
         got
     }
 
+    /// A `read_committed` consumer assigned to `starts`, polled by a thread of its own
+    /// that hands each partition's records to the returned follower as they arrive
+    /// (bounded channel: a slow follower slows the fetching, nothing is dropped).
+    pub(super) fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
+        let what = || format!("cannot follow {topic}");
+        let consumer: BaseConsumer<Quiet> = consumer_config(&self.options, Some(&self.reader_group()))
+            .set("enable.partition.eof", "false")
+            .create_with_context(Quiet)
+            .map_err(|e| kafka_error(&what(), e))?;
+        let mut tpl = TopicPartitionList::new();
+        for (p, from) in starts {
+            tpl.add_partition_offset(topic, *p as i32, Offset::Offset(*from as i64))
+                .map_err(|e| kafka_error(&what(), e))?;
+        }
+        consumer.assign(&tpl).map_err(|e| kafka_error(&what(), e))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let topic = topic.to_owned();
+        std::thread::Builder::new()
+            .name(format!("eventfold-follow-{topic}"))
+            .spawn(move || follow_loop(&consumer, &topic, &tx))
+            .map_err(|e| Error::Closed(format!("cannot start a thread to follow {}: {e}", what())))?;
+        Ok(crate::Follower::new(rx))
+    }
+
     /// The consumer standing for `group`: never subscribed, it only fetches the group's
     /// committed offsets and provides its metadata to transactions.
     fn group(&self, group: &str) -> Result<Arc<BaseConsumer<Quiet>>> {
@@ -206,6 +230,64 @@ impl Clients {
 
 /// Assigns `reader` to the partition at `from` and polls until `max` records, the end
 /// (`end`, a last stable offset taken before), or the partition EOF; bounded by `timeout`.
+/// Most records handed over in one batch of a follower.
+const FOLLOW_BATCH_MAX: usize = 512;
+
+/// Polls `consumer` until the follower is dropped, grouping consecutive records of one
+/// partition into batches.
+fn follow_loop(
+    consumer: &BaseConsumer<Quiet>,
+    topic: &str,
+    tx: &tokio::sync::mpsc::Sender<Result<crate::FollowedBatch>>,
+) {
+    let mut batch: Option<crate::FollowedBatch> = None;
+    let flush = |batch: &mut Option<crate::FollowedBatch>| match batch.take() {
+        Some(b) => tx.blocking_send(Ok(b)).is_ok(),
+        None => true,
+    };
+    while !tx.is_closed() {
+        // Wait for the first record; then drain what is already fetched without waiting.
+        let timeout = if batch.is_some() {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(100)
+        };
+        match consumer.poll(timeout) {
+            Some(Ok(m)) => {
+                let p = m.partition() as u32;
+                if m.topic() != topic {
+                    continue;
+                }
+                let full = batch
+                    .as_ref()
+                    .is_some_and(|(bp, rs)| *bp != p || rs.len() >= FOLLOW_BATCH_MAX);
+                if full && !flush(&mut batch) {
+                    return;
+                }
+                batch
+                    .get_or_insert_with(|| (p, Vec::new()))
+                    .1
+                    .push((m.offset() as u64, to_record(&m)));
+            }
+            Some(Err(e)) => {
+                if !flush(&mut batch)
+                    || tx
+                        .blocking_send(Err(kafka_error(&format!("following {topic}"), e)))
+                        .is_err()
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None => {
+                if !flush(&mut batch) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 fn read_range(
     reader: &BaseConsumer<Quiet>,
     topic: &str,

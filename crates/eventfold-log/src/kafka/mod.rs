@@ -9,7 +9,7 @@
 //! for the units' consumed offsets, then it waits for the delivery report of every
 //! record (each carries the record's offset, so every append's offset is known before
 //! the commit), then `commit_transaction`. Only after the transaction committed does it
-//! write the local store in one fsynced batch: every unit's `local` changes, plus the
+//! write the local store in one batch (not fsynced: the store is a cache of the topics, and each batch carries its own checkpoints): every unit's `local` changes, plus the
 //! appended records, their entity index entries and the consumed offsets as a local
 //! cache (so [`Store::entity_events`] works in Kafka mode too). Then it answers the
 //! callers, in enqueue order. A group of units with only local changes needs no
@@ -368,6 +368,14 @@ impl Log for KafkaLog {
         let (group, topic) = (group.to_owned(), topic.to_owned());
         self.blocking(move |s| s.committed_offset(&group, &topic, partition))
             .await
+    }
+
+    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
+        for (p, _) in starts {
+            self.shared.check_partition(topic, *p)?;
+        }
+        self.shared.provisioner.ensure(topic)?;
+        self.shared.clients.follow(topic, starts)
     }
 }
 
