@@ -12,6 +12,8 @@ Scenarios (each records its parameters in the results):
             fixed rate; plus eventfold through HTTP.
   restore   time from process start to /readyz ready with N aggregates, embedded
             (restart on the same data dir) and Kafka (a new instance on an empty cache).
+  views     view queries over HTTP on the embedded shop after N orders: key lookups
+            (GET /v1/views/orders/{id}) and index queries (customer_id=..&limit=20).
 
 Outputs bench/results/: results.json (every figure and parameter), results.md (tables and
 ratios), throughput.png and latency.png.
@@ -47,7 +49,7 @@ RESULTS = ROOT / "bench" / "results"
 KS_PEER = ROOT / "bench" / "peers" / "kafka-streams"
 CQRS_PEER = ROOT / "bench" / "peers" / "cqrs-es"
 CACHE = Path(os.environ.get("EVENTFOLD_CACHE", Path.home() / ".cache" / "eventfold"))
-SCENARIOS = ("embedded", "kafka", "restore")
+SCENARIOS = ("embedded", "kafka", "restore", "views")
 
 
 def log(msg: str) -> None:
@@ -231,9 +233,9 @@ class Suite:
 
     # ---------------------------------------------------------------- load generators
 
-    def http_load(self, url, duration, concurrency, rate=None, count=None, ids_body=None):
+    def http_load(self, url, duration, concurrency, rate=None, count=None, extra=()):
         cmd = [str(self.bin / "eventfold"), "load", "--url", url, "--json", "--quiet",
-               "--concurrency", str(concurrency)]
+               "--concurrency", str(concurrency), *extra]
         cmd += ["--count", str(count)] if count else ["--duration", duration]
         if rate:
             cmd += ["--rate", str(rate)]
@@ -365,6 +367,39 @@ class Suite:
                 shutil.rmtree(data, ignore_errors=True)
         self.record("restore", params, runs, pairs=[])
 
+    def scenario_views(self):
+        a = self.args
+        n = a.views_n
+        customers = 64
+        params = {"orders": n, "customers": customers, "concurrency": a.concurrency, "duration": a.duration,
+                  "key_lookup": "GET /v1/views/orders/o-{k}, k uniform in 0..orders",
+                  "index_query": "GET /v1/views/orders?customer_id=c{k}&limit=20, k uniform in 0..customers"}
+        runs = {"eventfold key lookup": [], "eventfold index query (limit 20)": []}
+        data = self.work / "views"
+        svc, url = self.shop("shop-views", data)
+        with svc as p:
+            p.wait_http(url + "/readyz", 60)
+            log(f"views: writing {n} orders")
+            self.http_load(url, None, 64, count=n, extra=["--ids", str(n), "--sequential-ids", "--id-prefix", "o-"])
+            # The views follow the log asynchronously: wait until sample rows are there.
+            deadline = time.monotonic() + 120
+            sample = [f"o-{k}" for k in range(max(0, n - 64), n)]
+            while not all(http_ok(f"{url}/v1/views/orders/{k}") for k in sample):
+                if time.monotonic() > deadline:
+                    die("views did not catch up with the orders within 120 s")
+                time.sleep(0.1)
+            for i in range(a.runs):
+                log(f"views run {i + 1}/{a.runs}")
+                runs["eventfold key lookup"].append(self.http_load(
+                    url, a.duration, a.concurrency,
+                    extra=["--get", "/v1/views/orders/{id}", "--ids", str(n), "--id-prefix", "o-"]))
+                runs["eventfold index query (limit 20)"].append(self.http_load(
+                    url, a.duration, a.concurrency,
+                    extra=["--get", "/v1/views/orders?customer_id={id}&limit=20", "--ids", str(customers),
+                           "--id-prefix", "c"]))
+        shutil.rmtree(data, ignore_errors=True)
+        self.record("views", params, runs, pairs=[])
+
     # ---------------------------------------------------------------- results
 
     def record(self, name, params, runs, pairs):
@@ -447,7 +482,7 @@ def markdown(res: dict) -> str:
                 rs = ", ".join(f"{r['ready_s']:.2f}" for r in s["runs"])
                 out.append(f"| {system} | {s['median']['ready_s']:.2f} | {rs} |")
         else:
-            out += ["| system | commands/s | p50 ms | p90 ms | p99 ms | p99.9 ms | failed | runs (commands/s) |",
+            out += ["| system | per second | p50 ms | p90 ms | p99 ms | p99.9 ms | failed | runs (commands/s) |",
                     "|---|---:|---:|---:|---:|---:|---:|---|"]
             for system, s in sc["systems"].items():
                 md = s["median"]
@@ -491,7 +526,7 @@ def charts(res: dict) -> None:
         colors = ["tab:blue" if "eventfold" in b[0] else "tab:gray" for b in bars]
         ax.barh(labels, med, xerr=err, color=colors, capsize=3)
         ax.invert_yaxis()
-        ax.set_xlabel("commands/s (median over runs; whiskers: min-max)")
+        ax.set_xlabel("commands or queries/s (median over runs; whiskers: min-max)")
         ax.set_title(f"Throughput ({res['mode']}, {res['machine']['cores']} cores)")
         for i, v in enumerate(med):
             ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
@@ -509,7 +544,7 @@ def charts(res: dict) -> None:
         ax.set_yticklabels([l[0] for l in lat])
         ax.invert_yaxis()
         ax.set_xscale("log")
-        ax.set_xlabel("command-to-result latency, ms (median over runs, log scale)")
+        ax.set_xlabel("latency, ms: command to result, or query (median over runs, log scale)")
         ax.set_title("Latency percentiles")
         ax.legend()
         fig.tight_layout()
@@ -529,6 +564,7 @@ def main():
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")
     ap.add_argument("--partitions", type=int, default=8, help="partitions per topic, both systems (default 8)")
     ap.add_argument("--restore-n", help="comma list of aggregate counts (default 100000,1000000; smoke 1000)")
+    ap.add_argument("--views-n", type=int, help="orders written before the view queries (default 100000; smoke 500)")
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
@@ -541,6 +577,7 @@ def main():
     a.runs = a.runs or (1 if a.smoke else 3)
     a.duration = a.duration or ("2s" if a.smoke else "10s")
     a.kafka_rate = a.kafka_rate or (500 if a.smoke else 5000)
+    a.views_n = a.views_n or (500 if a.smoke else 100_000)
     a.restore_n = [int(x) for x in (a.restore_n or ("1000" if a.smoke else "100000,1000000")).split(",")]
     scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     unknown = set(scenarios) - set(SCENARIOS)

@@ -77,6 +77,9 @@ pub struct LoadOptions {
     pub seed: Option<u64>,
     /// Draw a progress bar on stderr (it stays hidden when stderr is not a terminal).
     pub progress: bool,
+    /// Send `GET {url}{path}` instead of commands, with this path template (`{id}`, `{n}`
+    /// and `{worker}` substituted), e.g. `/v1/views/orders/{id}`.
+    pub get: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -97,6 +100,7 @@ impl Default for LoadOptions {
             max_error_rate: 0.01,
             seed: None,
             progress: false,
+            get: None,
         };
         Preset::ShopOrders.apply(&mut opts);
         opts
@@ -128,6 +132,9 @@ impl LoadOptions {
                 rate.is_finite() && rate > 0.0,
                 "rate {rate} must be a positive number of requests per second"
             );
+        }
+        if let Some(path) = &self.get {
+            ensure!(path.starts_with('/'), "GET path {path:?} must start with /");
         }
         if let Ids::Random { count } | Ids::Sequential { count } = self.ids {
             ensure!(count > 0, "number of distinct ids must be at least 1");
@@ -264,7 +271,7 @@ pub async fn run_until(opts: LoadOptions, shutdown: impl Future<Output = ()>) ->
 /// Result of a run. Counts cover only the measured phase (after warmup).
 #[derive(Debug, Clone)]
 pub struct Summary {
-    /// Command URL pattern, e.g. `http://host/v1/aggregates/order/{id}/commands`.
+    /// Method and URL pattern, e.g. `POST http://host/v1/aggregates/order/{id}/commands`.
     pub url: String,
     /// Random token in every idempotency key (`{run_id}-{n}`) and fresh id of this run.
     pub run_id: String,
@@ -432,7 +439,7 @@ impl Summary {
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "POST {}  (run {})", self.url, self.run_id)?;
+        writeln!(f, "{}  (run {})", self.url, self.run_id)?;
         write!(
             f,
             "{} requests in {:.3} s: {:.1} req/s",
@@ -496,6 +503,8 @@ struct Shared {
     /// `{base}/v1/aggregates/{type}`; the id and `commands` are appended per request.
     type_url: Url,
     template: Template,
+    /// `GET {base}{path}` per request instead of a command, when set.
+    get: Option<(String, Template)>,
     ids: Ids,
     id_prefix: String,
     run_id: String,
@@ -551,6 +560,10 @@ impl Shared {
             client,
             type_url,
             template: Template::parse(&opts.body),
+            get: opts
+                .get
+                .as_ref()
+                .map(|path| (opts.url.trim_end_matches('/').to_owned(), Template::parse(path))),
             ids: opts.ids,
             id_prefix: opts.id_prefix.clone(),
             run_id: format!("{:012x}", rand::random::<u64>() >> 16),
@@ -611,10 +624,19 @@ impl Shared {
             Ids::Random { count } => format!("{}{}", self.id_prefix, rng.random_range(0..count)),
             Ids::Sequential { count } => format!("{}{}", self.id_prefix, n % count),
         };
-        let mut url = self.type_url.clone();
-        url.path_segments_mut()
-            .expect("checked to be a base url")
-            .extend([id.as_str(), "commands"]);
+        let url = match &self.get {
+            Some((base, path)) => match Url::parse(&format!("{base}{}", path.render(&id, n, worker))) {
+                Ok(url) => url,
+                Err(e) => return (Response::Error(format!("invalid GET url: {e}")), 0),
+            },
+            None => {
+                let mut url = self.type_url.clone();
+                url.path_segments_mut()
+                    .expect("checked to be a base url")
+                    .extend([id.as_str(), "commands"]);
+                url
+            }
+        };
         let body = self.template.render(&id, n, worker);
         let key = format!("{}-{n}", self.run_id);
         let mut retries = 0;
@@ -637,14 +659,16 @@ impl Shared {
     }
 
     async fn attempt(&self, url: &Url, key: &str, body: &str) -> Attempt {
-        let sent = self
-            .client
-            .post(url.clone())
-            .header(IDEMPOTENCY_KEY, key)
-            .header(CONTENT_TYPE, "application/json")
-            .body(body.to_owned())
-            .send()
-            .await;
+        let request = if self.get.is_some() {
+            self.client.get(url.clone())
+        } else {
+            self.client
+                .post(url.clone())
+                .header(IDEMPOTENCY_KEY, key)
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.to_owned())
+        };
+        let sent = request.send().await;
         let response = match sent {
             Ok(response) => response,
             Err(e) => return Attempt::Error(error_chain(&e)),
@@ -712,12 +736,16 @@ impl Shared {
         let tally = lock(&self.tally);
         let finished = tally.last_done.unwrap_or_else(Instant::now);
         let latency_ms = Latency::from_histogram_us(&tally.latency_us);
-        let summary = Summary {
-            url: format!(
-                "{}/v1/aggregates/{}/{{id}}/commands",
+        let url = match &opts.get {
+            Some(path) => format!("GET {}{path}", opts.url.trim_end_matches('/')),
+            None => format!(
+                "POST {}/v1/aggregates/{}/{{id}}/commands",
                 opts.url.trim_end_matches('/'),
                 opts.aggregate_type
             ),
+        };
+        let summary = Summary {
+            url,
             run_id: self.run_id.clone(),
             requests: tally.requests,
             warmup_requests: tally.warmup_requests,

@@ -98,6 +98,34 @@ async fn command(
     }
 }
 
+/// `GET /v1/views/{view}/{key}`: 200 for keys `k0..k9`, 404 otherwise; records the key
+/// (method GET: no idempotency key, no body).
+async fn view_row(
+    State(server): State<Server>,
+    Path((view, key)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    assert!(
+        headers.get("idempotency-key").is_none(),
+        "a query carries no idempotency key"
+    );
+    server.seen.lock().unwrap().push(Seen {
+        aggregate_type: view,
+        id: key.clone(),
+        key: String::new(),
+        body: Value::Null,
+    });
+    if key
+        .strip_prefix('k')
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| n < 10)
+    {
+        Json(json!({"key": key})).into_response()
+    } else {
+        StatusCode::NOT_FOUND.into_response()
+    }
+}
+
 /// Starts the server on a free port; returns its base URL.
 async fn start(mode: Mode) -> (String, Server) {
     let server = Server {
@@ -106,6 +134,7 @@ async fn start(mode: Mode) -> (String, Server) {
     };
     let app = Router::new()
         .route("/v1/aggregates/{type}/{id}/commands", post(command))
+        .route("/v1/views/{view}/{key}", axum::routing::get(view_row))
         .with_state(server.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -532,4 +561,34 @@ async fn cli_help_documents_every_flag() {
         help.contains("{id} (aggregate id), {n} (global request number) and {worker}"),
         "{help}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_mode_sends_queries_to_the_path_template() {
+    let (url, server) = start(Mode::Accept).await;
+    let opts = LoadOptions {
+        get: Some("/v1/views/orders/{id}".into()),
+        ids: Ids::Sequential { count: 10 },
+        id_prefix: "k".into(),
+        ..options(&url, 40)
+    };
+    let summary = load::run(opts).await.unwrap();
+    assert_eq!(summary.status_count(200), 40, "{summary}");
+    assert!(summary.url.starts_with("GET "), "{}", summary.url);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 40);
+    assert!(seen.iter().all(|s| s.aggregate_type == "orders"));
+    let keys: BTreeSet<_> = seen.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(keys.len(), 10);
+
+    // Keys past k9 are 404: failures, which the summary counts.
+    let opts = LoadOptions {
+        get: Some("/v1/views/orders/x{id}".into()),
+        ids: Ids::Sequential { count: 10 },
+        id_prefix: "k".into(),
+        ..options(&url, 10)
+    };
+    let summary = load::run(opts).await.unwrap();
+    assert_eq!(summary.status_count(404), 10);
+    assert!(summary.check().is_err());
 }

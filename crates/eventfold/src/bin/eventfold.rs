@@ -231,6 +231,11 @@ struct LoadArgs {
     #[arg(long)]
     json: bool,
 
+    /// Send `GET {url}{PATH}` instead of commands (query load), e.g.
+    /// `/v1/views/orders/load-{id}` with --ids N; the placeholders of --body apply.
+    #[arg(long, value_name = "PATH", conflicts_with = "body")]
+    get: Option<String>,
+
     /// Hide the progress bar (it is also hidden when stderr is not a terminal).
     #[arg(short, long)]
     quiet: bool,
@@ -277,6 +282,7 @@ impl LoadArgs {
             max_error_rate: self.max_error_rate,
             seed: self.seed,
             progress: !self.quiet && std::io::stderr().is_terminal(),
+            get: self.get,
             ..LoadOptions::default()
         };
         match (self.body, self.preset) {
