@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "bench" / "results"  # --out; smoke runs default to RESULTS / "smoke"
 KS_PEER = ROOT / "bench" / "peers" / "kafka-streams"
 CQRS_PEER = ROOT / "bench" / "peers" / "cqrs-es"
 CACHE = Path(os.environ.get("EVENTFOLD_CACHE", Path.home() / ".cache" / "eventfold"))
@@ -163,6 +163,8 @@ class Suite:
         self.args = args
         self.smoke = args.smoke
         self.work = Path(tempfile.mkdtemp(prefix="eventfold-bench-"))
+        # PostgreSQL runs as an unprivileged user (pg.sh) and keeps its cluster in here.
+        self.work.chmod(0o755)
         self.run_tag = time.strftime("%H%M%S")
         profile = "debug" if args.debug_build else "release"
         self.profile = profile
@@ -188,14 +190,16 @@ class Suite:
         if self.profile == "release":
             cargo.append("--release")
         run(cargo, cwd=ROOT)
+        # In smoke mode (CI) the peers' own tests run too: the comparison is only as good
+        # as the peers' fidelity to the shop's order rules.
         if "embedded" in scenarios and not self.args.no_peers:
-            run(
-                ["cargo", "build", "--release", "--locked", "--manifest-path", str(CQRS_PEER / "Cargo.toml")],
-                cwd=CQRS_PEER,
-                env={**os.environ, "CARGO_TARGET_DIR": str(self.peer_target)},
-            )
+            peer_env = {**os.environ, "CARGO_TARGET_DIR": str(self.peer_target)}
+            manifest = ["--manifest-path", str(CQRS_PEER / "Cargo.toml")]
+            if self.smoke:
+                run(["cargo", "test", "--release", "--locked", *manifest], cwd=CQRS_PEER, env=peer_env)
+            run(["cargo", "build", "--release", "--locked", *manifest], cwd=CQRS_PEER, env=peer_env)
         if "kafka" in scenarios and not self.args.no_peers:
-            run(["mvn", "-q", "-B", "-DskipTests", "package"], cwd=KS_PEER)
+            run(["mvn", "-q", "-B", *([] if self.smoke else ["-DskipTests"]), "package"], cwd=KS_PEER)
 
     # ---------------------------------------------------------------- infrastructure
 
@@ -242,6 +246,16 @@ class Suite:
         out = run(cmd, stdout=subprocess.PIPE, text=True).stdout
         return json.loads(out)
 
+    def warm_up(self, url=None, app=None):
+        """An unmeasured load run first, so both systems are measured warm (JIT, caches)."""
+        if not self.args.warmup:
+            return
+        log(f"warm-up run ({self.args.warmup}, discarded)")
+        if app:
+            self.topic_load(app, self.args.warmup, in_flight=self.args.in_flight)
+        else:
+            self.http_load(url, self.args.warmup, self.args.concurrency)
+
     def topic_load(self, app, duration, rate=None, count=None, in_flight=None):
         cmd = [str(self.bin / "eventfold"), "load-topic", "--bootstrap", self.bootstrap, "--app", app,
                "--json", "--quiet"]
@@ -267,7 +281,7 @@ class Suite:
 
     def scenario_embedded(self):
         a = self.args
-        params = {"concurrency": a.concurrency, "duration": a.duration, "fsync": True,
+        params = {"concurrency": a.concurrency, "duration": a.duration, "warmup": a.warmup, "fsync": True,
                   "workload": "PlaceOrder on a fresh order per request (eventfold load --preset shop-orders)",
                   "load_generator": "eventfold load (HTTP/1.1, keep-alive)"}
         runs = {"eventfold": [], "cqrs-es": []}
@@ -276,6 +290,7 @@ class Suite:
             svc, url = self.shop(f"shop-embedded-{i}", self.work / f"embedded-{i}")
             with svc as p:
                 p.wait_http(url + "/readyz", 60)
+                self.warm_up(url=url)
                 runs["eventfold"].append(self.http_load(url, a.duration, a.concurrency))
             shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)
             if a.no_peers:
@@ -283,18 +298,21 @@ class Suite:
             log(f"embedded run {i + 1}/{a.runs}: cqrs-es + PostgreSQL")
             self.ensure_pg()
             port = free_port()
+            db_url = subprocess.run([str(CQRS_PEER / "pg.sh"), "url"], env={**os.environ, **self.pg_env()},
+                                    check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
             cmd = [str(self.peer_target / "release" / "cqrs-peer"), "--listen", f"127.0.0.1:{port}",
-                   "--database-url", f"postgres://efbench@127.0.0.1:{a.pg_port}/cqrs"]
+                   "--database-url", db_url]
             with service(f"cqrs-peer-{i}", cmd, self.work) as p:
                 url = f"http://127.0.0.1:{port}"
                 p.wait_http(url + "/healthz", 60)
+                self.warm_up(url=url)
                 runs["cqrs-es"].append(self.http_load(url, a.duration, a.concurrency))
         self.record("embedded", params, runs, pairs=[("eventfold", "cqrs-es")])
 
     def scenario_kafka(self):
         a = self.args
         self.ensure_broker()
-        params = {"partitions": a.partitions, "duration": a.duration, "fixed_rate": a.kafka_rate,
+        params = {"partitions": a.partitions, "duration": a.duration, "warmup": a.warmup, "fixed_rate": a.kafka_rate,
                   "topic_in_flight": a.in_flight, "http_concurrency": a.concurrency,
                   "workload": "PlaceOrder on a fresh order per command",
                   "load_generator": "eventfold load-topic (results read_committed) / eventfold load (HTTP)",
@@ -308,6 +326,7 @@ class Suite:
                                  partitions=a.partitions)
             with svc as p:
                 p.wait_http(url + "/readyz", 120)
+                self.warm_up(app=app)
                 runs["eventfold topic max"].append(self.topic_load(app, a.duration, in_flight=a.in_flight))
                 runs["eventfold topic fixed-rate"].append(self.topic_load(app, a.duration, rate=a.kafka_rate))
                 runs["eventfold http max"].append(self.http_load(url, a.duration, a.concurrency))
@@ -321,6 +340,7 @@ class Suite:
                    "--partitions", str(a.partitions), "--state-dir", str(self.work / f"ks-{i}")]
             with service(f"ks-peer-{i}", cmd, self.work) as p:
                 p.wait_line("READY", 180)
+                self.warm_up(app=ks_app)
                 runs["kafka-streams topic max"].append(self.topic_load(ks_app, a.duration, in_flight=a.in_flight))
                 runs["kafka-streams topic fixed-rate"].append(
                     self.topic_load(ks_app, a.duration, rate=a.kafka_rate))
@@ -422,10 +442,11 @@ class Suite:
         self.write()
 
     def write(self):
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
-        (RESULTS / "results.md").write_text(markdown(self.results))
-        charts(self.results)
+        out = self.args.out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        (out / "results.md").write_text(markdown(self.results))
+        charts(self.results, out)
 
 
 def medians(runs: list[dict]) -> dict:
@@ -499,7 +520,7 @@ def markdown(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def charts(res: dict) -> None:
+def charts(res: dict, out: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -513,9 +534,13 @@ def charts(res: dict) -> None:
         if name == "restore":
             continue
         for system, s in sc["systems"].items():
+            if "fixed-rate" in system:
+                continue  # offered load, not capacity: shown in the latency chart only
             t = [r["throughput_per_s"] for r in s["runs"]]
             md = s["median"]
             bars.append((f"{name}: {system}", md["throughput_per_s"], min(t), max(t)))
+        for system, s in sc["systems"].items():
+            md = s["median"]
             lat.append((f"{name}: {system}", [md.get("p50_ms"), md.get("p90_ms"), md.get("p99_ms"),
                                                md.get("p99_9_ms")]))
     if bars:
@@ -531,7 +556,7 @@ def charts(res: dict) -> None:
         for i, v in enumerate(med):
             ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
         fig.tight_layout()
-        fig.savefig(RESULTS / "throughput.png", dpi=110)
+        fig.savefig(out / "throughput.png", dpi=110)
         plt.close(fig)
     if lat:
         fig, ax = plt.subplots(figsize=(10, 0.5 * len(lat) + 1.5))
@@ -548,7 +573,7 @@ def charts(res: dict) -> None:
         ax.set_title("Latency percentiles")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(RESULTS / "latency.png", dpi=110)
+        fig.savefig(out / "latency.png", dpi=110)
         plt.close(fig)
 
 
@@ -559,6 +584,7 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--runs", type=int, help="runs per system, alternated (default 3; smoke 1)")
     ap.add_argument("--duration", help="measured time per load run (default 10s; smoke 2s)")
+    ap.add_argument("--warmup", help="unmeasured load run before each system's measured runs (default 3s; smoke none)")
     ap.add_argument("--concurrency", type=int, default=64, help="HTTP clients (default 64)")
     ap.add_argument("--kafka-rate", type=int, help="fixed rate for latency runs, commands/s (default 5000; smoke 500)")
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")
@@ -572,10 +598,13 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="eventfold only")
     ap.add_argument("--debug-build", action="store_true", help="use debug binaries (smoke in CI: already built)")
     ap.add_argument("--no-build", action="store_true", help="do not build (binaries must exist)")
+    ap.add_argument("--out", type=Path, help="results directory (default bench/results; smoke: bench/results/smoke)")
     ap.add_argument("--keep-work", action="store_true", help="keep the work directory (logs, data)")
     a = ap.parse_args()
     a.runs = a.runs or (1 if a.smoke else 3)
+    a.out = a.out or (RESULTS / "smoke" if a.smoke else RESULTS)
     a.duration = a.duration or ("2s" if a.smoke else "10s")
+    a.warmup = a.warmup if a.warmup is not None else (None if a.smoke else "3s")
     a.kafka_rate = a.kafka_rate or (500 if a.smoke else 5000)
     a.views_n = a.views_n or (500 if a.smoke else 100_000)
     a.restore_n = [int(x) for x in (a.restore_n or ("1000" if a.smoke else "100000,1000000")).split(",")]
@@ -591,6 +620,8 @@ def main():
             suite.build(scenarios)
         for s in scenarios:
             getattr(suite, f"scenario_{s}")()
+    except subprocess.CalledProcessError as e:
+        die(f"{' '.join(str(c) for c in e.cmd)} failed with exit status {e.returncode} (see its output above)")
     finally:
         suite.cleanup()
     failed = [
@@ -599,10 +630,10 @@ def main():
         for system, s in sc["systems"].items()
         if any(r.get("passed") is False for r in s["runs"])
     ]
-    print((RESULTS / "results.md").read_text())
+    print((a.out / "results.md").read_text())
     if failed:
         die("load runs failed (missing/duplicate results or too many errors): " + ", ".join(failed))
-    log(f"results in {RESULTS}/ (results.json, results.md, throughput.png, latency.png)")
+    log(f"results in {a.out}/ (results.json, results.md, throughput.png, latency.png)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of eventfold: formatting, lints, then a real Apache Kafka
 # broker that this script starts and stops itself, the Rust test suite against it (unit,
-# conformance of both log backends, HTTP contract, crash tests), and the broker smoke test.
+# conformance of both log backends, HTTP contract, crash tests), the broker smoke test, and
+# the benchmark suite in smoke mode (with its Kafka Streams and cqrs-es/PostgreSQL peers).
 #
 # Usage: scripts/test.sh            (what CI runs, via .ci/run)
 # Env:   CARGO_TARGET_DIR           reuse a warm target directory (CI sets one outside the clone)
@@ -47,5 +48,15 @@ if [ "${EVENTFOLD_SKIP_KAFKA:-0}" != 1 ]; then
   step "Kafka: transactional smoke test (committed visible, aborted invisible to read_committed)"
   python3 scripts/kafka/smoke.py
 fi
+
+# The benchmark suite in smoke mode: every scenario against eventfold and its peers (the
+# peers' own tests included), seconds each, so that `bench/run.py` keeps working. Debug
+# binaries: the figures mean nothing here; the full run is `bench/run.py`.
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  step "installing the benchmark suite's chart library (bench/requirements.txt) from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+fi
+step "benchmark suite, smoke mode (bench/run.py --smoke)"
+python3 bench/run.py --smoke --debug-build
 
 step "all checks passed in $(( $(date +%s) - started )) s"

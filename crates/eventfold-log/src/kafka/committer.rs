@@ -421,15 +421,19 @@ impl Committer {
         let producer = self.producer.as_ref().expect("built by transact");
         let records: usize = ready.iter().map(|j| j.appends.len()).sum();
         producer.context().reset(seq, records);
+        let t0 = Instant::now();
         producer
             .begin_transaction()
             .map_err(|e| TxError::Kafka("begin_transaction", e))?;
         self.produce_all(ready, seq).map_err(|e| TxError::Kafka("produce", e))?;
+        let t1 = Instant::now();
         self.send_offsets(ready)?;
+        let t2 = Instant::now();
         // Every record delivered, with its offset, before the commit: then a commit
         // that succeeds can be answered at once with every offset. (Not `flush`: the
         // BaseProducer's flush polls in whole 100 ms slices.)
         let offsets = self.delivered(seq)?;
+        let t3 = Instant::now();
         let faults = &self.shared.options.faults.commit_timeouts;
         let timeout = match faults.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) {
             Ok(_) => Duration::ZERO,
@@ -438,6 +442,16 @@ impl Committer {
         producer
             .commit_transaction(timeout)
             .map_err(|e| TxError::Kafka("commit_transaction", e))?;
+        let t4 = Instant::now();
+        tracing::debug!(
+            units = ready.len(),
+            records,
+            produce_us = (t1 - t0).as_micros() as u64,
+            send_offsets_us = (t2 - t1).as_micros() as u64,
+            delivery_us = (t3 - t2).as_micros() as u64,
+            commit_us = (t4 - t3).as_micros() as u64,
+            "transaction committed"
+        );
         Ok(offsets)
     }
 
