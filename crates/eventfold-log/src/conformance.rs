@@ -338,6 +338,7 @@ pub async fn everything_survives_reopen(factory: &dyn Factory, prefix: &str) {
                 next_offset: 1,
             }],
             local,
+            lane: None,
         };
         log.commit(unit).await.unwrap().offsets[0]
     };

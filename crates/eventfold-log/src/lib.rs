@@ -90,6 +90,11 @@ pub struct CommitUnit {
     pub consumed: Vec<Consumed>,
     /// Local store changes (state rows, dedup records, checkpoints).
     pub local: Batch,
+    /// Ordering lane, usually the caller's partition. Units are ordered per caller only
+    /// as far as they share a lane: a backend may commit units of different lanes in
+    /// parallel (the Kafka log does, `KafkaOptions::committers`). `None`: the partition
+    /// of the first append or consumed offset, else lane 0.
+    pub lane: Option<u32>,
 }
 
 /// What a commit assigned.
@@ -153,8 +158,9 @@ pub trait Log: Send + Sync + 'static {
     /// durable (or failed).
     ///
     /// **Ordering:** the unit is enqueued before this returns, and units started by one
-    /// caller commit in the order they were started: a later unit never becomes durable
-    /// without every earlier one (after a failure, later units fail too). Writers rely on
+    /// caller in one lane ([`CommitUnit::lane`]) commit in the order they were started: a
+    /// later unit never becomes durable without every earlier one (after a failure, later
+    /// units fail too). Writers rely on
     /// this to pipeline: they build unit k+1 on the state of unit k before k is durable.
     fn commit(&self, unit: CommitUnit) -> CommitFuture;
     /// Reads up to `max` committed records from `from` on.

@@ -315,6 +315,7 @@ impl<A: Aggregate> Processor<A> {
                 self.log
                     .commit(CommitUnit {
                         local,
+                        lane: Some(p),
                         ..Default::default()
                     })
                     .await?;
@@ -360,6 +361,7 @@ impl<A: Aggregate> Processor<A> {
             self.log
                 .commit(CommitUnit {
                     local,
+                    lane: Some(self.cfg.partition),
                     ..Default::default()
                 })
                 .await?;
@@ -423,7 +425,10 @@ impl<A: Aggregate> Processor<A> {
         let mut working: HashMap<String, Cached<A>> = HashMap::new();
         let mut slots: Vec<Slot> = Vec::with_capacity(jobs.len());
         let mut by_command: HashMap<String, usize> = HashMap::new();
-        let mut unit = CommitUnit::default();
+        let mut unit = CommitUnit {
+            lane: Some(p),
+            ..CommitUnit::default()
+        };
         let mut jobs = jobs.into_iter();
 
         let mut fatal = None;

@@ -53,6 +53,11 @@ pub struct ServeOptions {
     /// Disable fsync of commits. Unsafe: only for throwaway benchmarks.
     #[arg(long, env = "EVENTFOLD_NO_FSYNC")]
     pub no_fsync: bool,
+    /// Kafka mode: transactional producers committing in parallel (transactional ids
+    /// `<app-id>-<instance-id>-<k>`; partition p commits through producer p mod N). Keep
+    /// it constant across restarts of an instance.
+    #[arg(long, env = "EVENTFOLD_KAFKA_COMMITTERS", default_value_t = KafkaOptions::new("", 1, "").committers)]
+    pub kafka_committers: usize,
 }
 
 impl ServeOptions {
@@ -104,11 +109,14 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         Some(bootstrap) => {
             // One instance per transactional id: a restarted instance fences its previous
             // incarnation. Opening connects and initializes transactions (blocking).
-            let kafka = KafkaOptions::new(
-                bootstrap,
-                opts.partitions,
-                format!("{}-{}", opts.app_id, opts.instance_id),
-            );
+            let kafka = KafkaOptions {
+                committers: opts.kafka_committers,
+                ..KafkaOptions::new(
+                    bootstrap,
+                    opts.partitions,
+                    format!("{}-{}", opts.app_id, opts.instance_id),
+                )
+            };
             let log = tokio::task::block_in_place(|| KafkaLog::open(kafka, store))
                 .with_context(|| format!("cannot start the Kafka log at {bootstrap}"))?;
             Arc::new(log)

@@ -168,6 +168,8 @@ fn is_fenced(e: &KafkaError) -> bool {
 struct Failed(String);
 
 pub(in crate::kafka) struct Committer {
+    /// This committer's `transactional.id` (one per lane, see `KafkaOptions::committers`).
+    transactional_id: String,
     shared: Arc<Shared>,
     store: Store,
     stats: Arc<Stats>,
@@ -176,20 +178,23 @@ pub(in crate::kafka) struct Committer {
     seq: u64,
     /// Topic-partitions a failed unit wrote or consumed, and why it failed.
     fenced: HashMap<TopicPartition, String>,
-    /// Set when continuing is unsafe for every partition: refuses all units.
-    poisoned: Option<String>,
 }
 
 impl Committer {
-    pub(in crate::kafka) fn new(shared: Arc<Shared>, store: Store, stats: Arc<Stats>) -> Self {
+    pub(in crate::kafka) fn new(
+        transactional_id: String,
+        shared: Arc<Shared>,
+        store: Store,
+        stats: Arc<Stats>,
+    ) -> Self {
         Self {
+            transactional_id,
             shared,
             store,
             stats,
             producer: None,
             seq: 0,
             fenced: HashMap::new(),
-            poisoned: None,
         }
     }
 
@@ -227,11 +232,23 @@ impl Committer {
         if self.producer.is_none() {
             let o = &self.shared.options;
             let timeout_ms = o.transaction_timeout.as_millis().to_string();
-            let producer: TxProducer = base_config(o)
-                .set("transactional.id", &o.transactional_id)
+            let mut config = base_config(o);
+            config
+                .set("transactional.id", &self.transactional_id)
                 .set("transaction.timeout.ms", &timeout_ms)
                 .set("message.timeout.ms", &timeout_ms)
-                .set("linger.ms", "1")
+                .set("linger.ms", "1");
+            // Right after a commit the coordinator is still writing the previous
+            // transaction's markers and answers the next AddOffsetsToTxn / AddPartitionsToTxn
+            // with CONCURRENT_TRANSACTIONS; librdkafka then waits retry.backoff.ms (100 ms by
+            // default) before retrying, which was most of every transaction's latency here.
+            // (The Java producer special-cases this with a 20 ms backoff.)
+            for (key, value) in [("retry.backoff.ms", "5"), ("retry.backoff.max.ms", "100")] {
+                if !o.client_config.iter().any(|(k, _)| k == key) {
+                    config.set(key, value);
+                }
+            }
+            let producer: TxProducer = config
                 .create_with_context(TxContext::default())
                 .map_err(|e| kafka_error("cannot create the transactional Kafka producer", e))?;
             // Fences any earlier producer with our transactional id and aborts what it
@@ -240,7 +257,7 @@ impl Committer {
                 kafka_error(
                     &format!(
                         "cannot initialize transactions for transactional id `{}`",
-                        o.transactional_id
+                        self.transactional_id
                     ),
                     e,
                 )
@@ -251,7 +268,8 @@ impl Committer {
     }
 
     fn commit_group(&mut self, jobs: Vec<Job>) {
-        if let Some(why) = &self.poisoned {
+        let poisoned = self.shared.poisoned.lock().expect("poisoned lock").clone();
+        if let Some(why) = &poisoned {
             for job in jobs {
                 let _ = job.reply.send(Err(Error::Closed(format!(
                     "the Kafka log stopped ({why}); restart to recover"
@@ -344,7 +362,7 @@ impl Committer {
             for reply in replies {
                 let _ = reply.send(Err(Error::Closed(why.clone())));
             }
-            self.poisoned = Some(why);
+            self.stop_all(why);
             return;
         }
         if transacted {
@@ -355,6 +373,15 @@ impl Committer {
         for (reply, receipt) in replies.into_iter().zip(receipts) {
             let _ = reply.send(Ok(receipt));
         }
+    }
+
+    /// Stops every lane of this log (see `Shared::poisoned`); the first reason stays.
+    fn stop_all(&self, why: String) {
+        self.shared
+            .poisoned
+            .lock()
+            .expect("poisoned lock")
+            .get_or_insert(why);
     }
 
     fn fence(&mut self, job: &Job, why: &str) {
@@ -599,10 +626,10 @@ impl Committer {
     fn poison(&mut self, stage: &str, e: &KafkaError) -> Failed {
         let why = format!(
             "{stage}: the producer was fenced ({e}): another instance uses transactional id `{}`",
-            self.shared.options.transactional_id
+            self.transactional_id
         );
         self.producer = None;
-        self.poisoned = Some(why.clone());
+        self.stop_all(why.clone());
         Failed(why)
     }
 }

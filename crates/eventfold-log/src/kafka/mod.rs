@@ -115,6 +115,14 @@ pub struct KafkaOptions {
     pub max_group_bytes: usize,
     /// Most units merged into one transaction.
     pub max_group_units: usize,
+    /// Transactional producers committing in parallel, each on its own thread with
+    /// `transactional.id` `<transactional_id>-<k>` (just `<transactional_id>` when 1).
+    /// A unit goes to lane `partition % committers` (its [`CommitUnit::lane`], else its
+    /// first partition), so one partition's units keep their order. Kafka completes a
+    /// transaction's markers before the same producer may start the next one; several
+    /// lanes overlap those waits. Keep it constant for an instance: a lane that disappears
+    /// leaves its last open transaction to the broker's transaction timeout.
+    pub committers: usize,
     /// Extra librdkafka properties for every client (e.g. security settings).
     pub client_config: Vec<(String, String)>,
     /// Fault injection for tests.
@@ -145,6 +153,7 @@ impl KafkaOptions {
             max_record_bytes: 1_000_000,
             max_group_bytes: 32 << 20,
             max_group_units: 4096,
+            committers: 2,
             client_config: Vec::new(),
             faults: Faults::default(),
         }
@@ -170,6 +179,9 @@ impl KafkaOptions {
         if self.max_group_units == 0 || self.max_record_bytes == 0 {
             return bad("group and record limits must be positive");
         }
+        if !(1..=64).contains(&self.committers) {
+            return bad("committers must be in 1..=64");
+        }
         Ok(())
     }
 }
@@ -188,6 +200,9 @@ struct Shared {
     /// Per partition, the offset after the last record this log committed: the LSO must
     /// reach it before `end_offset` answers (read-your-commits, see the module docs).
     committed_ends: Mutex<HashMap<TopicPartition, u64>>,
+    /// Why the log stopped (fenced, or the local store failed after a commit): set by any
+    /// committer lane, it stops them all (a fenced instance is a zombie as a whole).
+    poisoned: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -246,8 +261,9 @@ impl Shared {
 pub struct KafkaLog {
     shared: Arc<Shared>,
     store: Store,
-    tx: Option<mpsc::Sender<committer::Job>>,
-    committer: Option<std::thread::JoinHandle<()>>,
+    /// One queue per committer lane; empty once closed.
+    tx: Vec<mpsc::Sender<committer::Job>>,
+    committers: Vec<std::thread::JoinHandle<()>>,
     stats: Arc<Stats>,
 }
 
@@ -266,30 +282,60 @@ impl KafkaLog {
             provisioner,
             clients,
             committed_ends: Mutex::new(HashMap::new()),
+            poisoned: Mutex::new(None),
         });
         let stats = Arc::new(Stats::default());
-        let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let committer = committer::Committer::new(shared.clone(), store.clone(), stats.clone());
-        let handle = std::thread::Builder::new()
-            .name("eventfold-kafka-commit".into())
-            .spawn(move || committer.run(rx, ready_tx))
-            .map_err(|e| Error::Closed(format!("cannot start the committer thread: {e}")))?;
-        // The committer initializes its producer first, so a broker that refuses
+        let lanes = shared.options.committers;
+        let mut txs = Vec::with_capacity(lanes);
+        let mut handles = Vec::with_capacity(lanes);
+        let mut readies = Vec::with_capacity(lanes);
+        for k in 0..lanes {
+            let id = if lanes == 1 {
+                shared.options.transactional_id.clone()
+            } else {
+                format!("{}-{k}", shared.options.transactional_id)
+            };
+            let (tx, rx) = mpsc::channel();
+            let (ready_tx, ready_rx) = mpsc::channel();
+            let committer = committer::Committer::new(id, shared.clone(), store.clone(), stats.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("eventfold-kafka-commit-{k}"))
+                .spawn(move || committer.run(rx, ready_tx))
+                .map_err(|e| Error::Closed(format!("cannot start the committer thread: {e}")));
+            match spawned {
+                Ok(handle) => {
+                    txs.push(tx);
+                    handles.push(handle);
+                    readies.push(ready_rx);
+                }
+                Err(e) => {
+                    drop(txs);
+                    handles.into_iter().for_each(|h| drop(h.join()));
+                    return Err(e);
+                }
+            }
+        }
+        // Each committer initializes its producer first, so a broker that refuses
         // transactions fails `open` rather than the first commit.
-        let ready = ready_rx
-            .recv()
-            .unwrap_or_else(|_| Err(Error::Closed("the committer thread died while starting".into())));
-        if let Err(e) = ready {
-            drop(tx);
-            let _ = handle.join();
+        let mut failure = None;
+        for ready_rx in readies {
+            let ready = ready_rx
+                .recv()
+                .unwrap_or_else(|_| Err(Error::Closed("a committer thread died while starting".into())));
+            if let Err(e) = ready {
+                failure.get_or_insert(e);
+            }
+        }
+        if let Some(e) = failure {
+            drop(txs);
+            handles.into_iter().for_each(|h| drop(h.join()));
             return Err(e);
         }
         Ok(Self {
             shared,
             store,
-            tx: Some(tx),
-            committer: Some(handle),
+            tx: txs,
+            committers: handles,
             stats,
         })
     }
@@ -306,8 +352,8 @@ impl Drop for KafkaLog {
     /// Closes the queue and waits for the committer to finish the group it is committing
     /// (bounded by the operation timeouts), so the store is released when this returns.
     fn drop(&mut self) {
-        drop(self.tx.take());
-        if let Some(handle) = self.committer.take() {
+        self.tx.clear();
+        for handle in self.committers.drain(..) {
             let _ = handle.join();
         }
     }
@@ -337,8 +383,13 @@ impl Log for KafkaLog {
 
     fn commit(&self, unit: CommitUnit) -> CommitFuture {
         let (reply, rx) = oneshot::channel();
-        // Enqueued here, synchronously: the committer takes units in this order.
-        let sent = match &self.tx {
+        // Enqueued here, synchronously: the lane's committer takes units in this order.
+        let lane = unit
+            .lane
+            .or_else(|| unit.appends.first().map(|a| a.partition))
+            .or_else(|| unit.consumed.first().map(|c| c.partition))
+            .unwrap_or(0) as usize;
+        let sent = match self.tx.get(lane % self.tx.len().max(1)) {
             Some(tx) => tx
                 .send(committer::Job::new(unit, reply))
                 .map_err(|_| Error::Closed("the Kafka committer thread stopped".into())),
