@@ -103,7 +103,7 @@ fn responder(app: &str, fault: Fault, stop: Arc<AtomicBool>) -> thread::JoinHand
                 _ => 1,
             };
             // Every fifth command is "rejected", to check both outcomes are counted.
-            let value = if n % 5 == 0 {
+            let value = if n.is_multiple_of(5) {
                 r#"{"rejected":{"error":"x","message":"y"}}"#.to_owned()
             } else {
                 format!(r#"{{"accepted":{{"aggregate_id":"a","version":1,"events":[],"position":"{n}"}}}}"#)
