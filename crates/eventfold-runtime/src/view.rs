@@ -16,9 +16,9 @@ use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::projection::{Event, RowReader};
-use eventfold_core::{Aggregate, Index, IndexValue, Position, Projection, Record, ViewChanges};
+use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, ViewChanges};
 use eventfold_log::Log;
-use eventfold_store::{Batch, Scan, Store, encode_value, view_checkpoint_key};
+use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use std::cell::RefCell;
@@ -55,7 +55,8 @@ impl Default for ViewOptions {
     }
 }
 
-/// A condition of a query on one index: equality or a half-open range.
+/// A condition of a query on one index: equality, a half-open range, a string prefix
+/// (string indexes only), or a prefix within a range.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Condition {
     /// Value must equal this.
@@ -64,6 +65,8 @@ pub struct Condition {
     pub gte: Option<IndexValue>,
     /// Value must be below this.
     pub lt: Option<IndexValue>,
+    /// Value must be a string starting with this (by UTF-8 bytes, case-sensitive).
+    pub prefix: Option<String>,
 }
 
 /// A view query: one index drives the scan (and the order); conditions on other indexes
@@ -221,6 +224,16 @@ impl ViewService {
     pub fn query(&self, query: &Query) -> Result<QueryPage> {
         let unknown = |name: &str| Error::BadRequest(format!("view `{}` has no index `{name}`", self.name));
         let enc = |v: &Option<IndexValue>| v.as_ref().map(encode_value);
+        for (name, c) in &query.conditions {
+            let idx = self.index(name).ok_or_else(|| unknown(name))?;
+            if c.prefix.is_some() && idx.kind != IndexKind::String {
+                return Err(Error::BadRequest(format!(
+                    "index `{name}` of view `{}` holds {:?} values; a prefix applies to string indexes",
+                    self.name, idx.kind
+                )));
+            }
+        }
+        let enc_prefix = |c: &Condition| c.prefix.as_deref().map(encode_prefix);
         let mut scan = Scan {
             descending: query.descending,
             limit: query.limit,
@@ -234,6 +247,7 @@ impl ViewService {
                 scan.eq = enc(&c.eq);
                 scan.gte = enc(&c.gte);
                 scan.lt = enc(&c.lt);
+                scan.prefix = enc_prefix(c);
             }
         }
         let mut filters = Vec::new();
@@ -242,7 +256,7 @@ impl ViewService {
                 continue;
             }
             let idx = self.index(name).ok_or_else(|| unknown(name))?;
-            filters.push((idx, enc(&c.eq), enc(&c.gte), enc(&c.lt)));
+            filters.push((idx, enc(&c.eq), enc(&c.gte), enc(&c.lt), enc_prefix(c)));
         }
         let mut filter = |_key: &str, json: &[u8]| -> bool {
             if filters.is_empty() {
@@ -251,7 +265,7 @@ impl ViewService {
             let Ok(doc) = serde_json::from_slice::<Value>(json) else {
                 return false;
             };
-            filters.iter().all(|(idx, eq, gte, lt)| {
+            filters.iter().all(|(idx, eq, gte, lt, prefix)| {
                 let Ok(Some(v)) = idx.extract(&doc) else {
                     return false;
                 };
@@ -259,6 +273,7 @@ impl ViewService {
                 eq.as_ref().is_none_or(|e| v == *e)
                     && gte.as_ref().is_none_or(|g| v >= *g)
                     && lt.as_ref().is_none_or(|l| v < *l)
+                    && prefix.as_ref().is_none_or(|p| v.starts_with(p))
             })
         };
         let page = self

@@ -435,6 +435,17 @@ async fn bad_parameters_are_400_with_error_and_message() {
         ("/v1/views/orders?min_position=nope", "invalid_position"),
         ("/v1/views/orders/o-1?min_position=nope", "invalid_position"),
         ("/v1/views/orders/o-1?status=placed", "unknown_parameter"),
+        ("/v1/views/orders?total_cents_prefix=1", "unsupported_condition"),
+        ("/v1/views/orders?placed_at_prefix=2024", "unsupported_condition"),
+        ("/v1/views/orders?colour_prefix=r", "unknown_index"),
+        (
+            "/v1/views/orders?status=placed&status_prefix=p",
+            "conflicting_parameters",
+        ),
+        (
+            "/v1/views/orders?status_prefix=p&status_prefix=c",
+            "conflicting_parameters",
+        ),
     ] {
         let (st, body) = s.get(q).await;
         assert_error(st, &body, StatusCode::BAD_REQUEST, code);
@@ -528,6 +539,81 @@ async fn customers_view_keeps_unique_emails_first_writer_wins() {
     assert_error(st, &body, StatusCode::NOT_FOUND, "row_not_found");
     let (_, body) = s.get("/v1/views/customers?email=b@x.test").await;
     assert!(keys(&body).is_empty(), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_indexes_answer_prefix_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut all = Position::default();
+    for (id, email) in [
+        ("c1", "ann@a.test"),
+        ("c2", "anna@b.test"),
+        ("c3", "bob@b.test"),
+        ("c4", "Ann@c.test"),
+        ("c5", "an@x.test"),
+        ("c6", "ann\u{0}@nul.test"),
+    ] {
+        let pos = s
+            .command(
+                "customer",
+                id,
+                json!({"type":"RegisterCustomer","name":"N","email":email}),
+            )
+            .await;
+        for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+            all.advance(topic, p, o);
+        }
+    }
+    for (customer, order) in [
+        ("c1", "o-1"),
+        ("c10", "o-2"),
+        ("c2", "o-3"),
+        ("c1", "o-4"),
+        ("c", "o-5"),
+    ] {
+        let pos = s
+            .command(
+                "order",
+                order,
+                json!({"type":"PlaceOrder","customer_id":customer,"items":[{"sku":"x","qty":1,"price_cents":5}]}),
+            )
+            .await;
+        for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+            all.advance(topic, p, o);
+        }
+    }
+    let mp = format!("min_position={}", all.encode());
+    // Rows come in value order (UTF-8 bytes, case-sensitive), a page at a time.
+    for (query, want) in [
+        ("customers?email_prefix=ann", vec!["c6", "c1", "c2"]),
+        ("customers?email_prefix=ann%40", vec!["c1"]),
+        ("customers?email_prefix=an", vec!["c5", "c6", "c1", "c2"]),
+        ("customers?email_prefix=an&order=desc", vec!["c2", "c1", "c6", "c5"]),
+        ("customers?email_prefix=ann&email_lt=anna", vec!["c6", "c1"]),
+        ("customers?email_prefix=ann&email_gte=ann%40", vec!["c1", "c2"]),
+        ("customers?email_prefix=A", vec!["c4"]),
+        ("customers?email_prefix=", vec!["c4", "c5", "c6", "c1", "c2", "c3"]),
+        ("customers?email_prefix=zz", vec![]),
+        // On a non-unique index, and as a filter while another index drives.
+        ("orders?customer_id_prefix=c1", vec!["o-1", "o-4", "o-2"]),
+        (
+            "orders?customer_id_prefix=c1&order_by=total_cents&order=desc",
+            vec!["o-4", "o-2", "o-1"],
+        ),
+        (
+            "orders?status=placed&customer_id_prefix=c",
+            vec!["o-5", "o-1", "o-4", "o-2", "o-3"],
+        ),
+    ] {
+        for limit in [1, 2, 100] {
+            let got = s
+                .all_pages(&format!("/v1/views/{query}&limit={limit}&{mp}"))
+                .await
+                .concat();
+            assert_eq!(got, want, "{query} limit {limit}");
+        }
+    }
 }
 
 /// Views restore from their checkpoints: after a restart nothing is applied twice (the

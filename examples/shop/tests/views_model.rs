@@ -4,7 +4,7 @@
 //! random sequence of order and customer commands (many of them rejected by the domain
 //! rules), and folds the events of the **accepted** commands, as returned in the
 //! responses, into a plain model of the rows. Then it asks random queries — equality,
-//! ranges, prefixes, several conditions at once, `order_by`, both orders, random limits —
+//! ranges, string prefixes, several conditions at once, `order_by`, both orders, random limits —
 //! and follows every `next_cursor`: the pages must concatenate to exactly the model's
 //! answer, in the documented order (driving value, then key), with no gap or repeat.
 //! Half of the cases use a tiny scan budget (`ViewOptions::max_scanned`), so pages end
@@ -146,6 +146,8 @@ enum Cond {
     Eq(V),
     Gte(V),
     Lt(V),
+    /// A string prefix (string indexes only).
+    Prefix(String),
 }
 
 impl Cond {
@@ -154,6 +156,7 @@ impl Cond {
             Cond::Eq(x) => v == x,
             Cond::Gte(x) => v >= x,
             Cond::Lt(x) => v < x,
+            Cond::Prefix(p) => matches!(v, V::Str(s) if s.starts_with(p.as_str())),
         }
     }
 
@@ -162,6 +165,7 @@ impl Cond {
             Cond::Eq(_) => "",
             Cond::Gte(_) => "_gte",
             Cond::Lt(_) => "_lt",
+            Cond::Prefix(_) => "_prefix",
         }
     }
 
@@ -185,7 +189,7 @@ impl Q {
     }
 
     /// The driving index by the documented rule: `order_by`, else the first index with a
-    /// range, else the first index with an equality; none: key order.
+    /// range or prefix, else the first index with an equality; none: key order.
     fn driving(&self) -> Option<&'static str> {
         self.order_by
             .or_else(|| self.conds.iter().find(|(_, c)| c.is_range()).map(|(i, _)| *i))
@@ -195,8 +199,11 @@ impl Q {
     fn query_string(&self, view: &str, format: &dyn Fn(&str, &V) -> String) -> String {
         let mut q = Vec::new();
         for (index, c) in &self.conds {
-            let (Cond::Eq(v) | Cond::Gte(v) | Cond::Lt(v)) = c;
-            q.push(format!("{index}{}={}", c.suffix(), pct(&format(index, v))));
+            let text = match c {
+                Cond::Eq(v) | Cond::Gte(v) | Cond::Lt(v) => format(index, v),
+                Cond::Prefix(p) => p.clone(),
+            };
+            q.push(format!("{index}{}={}", c.suffix(), pct(&text)));
         }
         if let Some(o) = self.order_by {
             q.push(format!("order_by={o}"));
@@ -260,10 +267,19 @@ fn order_value(rng: &mut StdRng, model: &Model, index: &'static str) -> V {
 }
 
 fn random_cond(rng: &mut StdRng, value: &mut dyn FnMut(&mut StdRng) -> V) -> Cond {
-    match rng.random_range(0..3) {
+    match rng.random_range(0..4) {
         0 => Cond::Eq(value(rng)),
         1 => Cond::Gte(value(rng)),
-        _ => Cond::Lt(value(rng)),
+        2 => Cond::Lt(value(rng)),
+        _ => match value(rng) {
+            // The first 0..=n characters of a value: often a real prefix, sometimes all
+            // or nothing.
+            V::Str(s) => {
+                let n = rng.random_range(0..=s.chars().count());
+                Cond::Prefix(s.chars().take(n).collect())
+            }
+            v => Cond::Eq(v),
+        },
     }
 }
 
