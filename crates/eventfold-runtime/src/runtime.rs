@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::metrics::AggregateMetrics;
 use crate::processor::{PartitionShared, Processor, ProcessorConfig};
 use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
-use crate::view::{ViewOptions, ViewService};
+use crate::view::{ViewOptions, ViewReport, ViewService};
 use eventfold_core::{Aggregate, Projection};
 use eventfold_log::Log;
 use std::collections::BTreeMap;
@@ -270,9 +270,19 @@ impl Runtime {
         self.inner.services.values().flat_map(|s| s.partitions()).collect()
     }
 
-    /// Whether every partition has restored (and none failed).
+    /// Whether every partition has restored and every view caught up (and none failed).
     pub fn is_ready(&self) -> bool {
         self.partitions().iter().all(|p| p.state == PartitionState::Ready)
+            && self.inner.views.values().all(|v| v.is_ready())
+    }
+
+    /// State, lag and position of every view, by name.
+    pub async fn view_reports(&self) -> Vec<ViewReport> {
+        let mut out = Vec::with_capacity(self.inner.views.len());
+        for v in self.inner.views.values() {
+            out.push(v.report().await);
+        }
+        out
     }
 
     /// Waits until every partition is out of `Restoring` (or `timeout` passes).
@@ -360,13 +370,15 @@ impl Runtime {
                 p.aggregate, p.partition, p.queued
             );
         }
-        let (mut applied, mut conflicts) = (String::new(), String::new());
+        let (mut applied, mut up, mut conflicts) = (String::new(), String::new(), String::new());
         for v in self.inner.views.values() {
-            v.render_metrics(&mut applied, &mut conflicts);
+            v.render_metrics(&mut applied, &mut up, &mut conflicts);
         }
         if !applied.is_empty() {
             out.push_str("# HELP eventfold_view_applied_offset Next source offset a view partition will apply.\n# TYPE eventfold_view_applied_offset gauge\n");
             out.push_str(&applied);
+            out.push_str("# HELP eventfold_view_up Whether a view partition has caught up (1), catches up (0) or failed (-1).\n# TYPE eventfold_view_up gauge\n");
+            out.push_str(&up);
         }
         if !conflicts.is_empty() {
             out.push_str("# HELP eventfold_view_unique_conflicts_total Rows not indexed because another row holds the unique value.\n# TYPE eventfold_view_unique_conflicts_total counter\n");

@@ -10,6 +10,14 @@
 //! Each partition publishes the offset it has applied, so a query carrying a
 //! [`Position`] can wait (bounded) until the view has applied every mark of its source
 //! topic: read-your-writes.
+//!
+//! **Readiness.** When a partition's worker starts, it takes the source's end offset as
+//! its catch-up target (like the restore barrier of the command path). Until it has
+//! applied that far the partition is [`ViewState::CatchingUp`] (a new view, or one rebuilt
+//! from scratch, answers from a partial view meanwhile), then [`ViewState::Ready`] for
+//! good: the ordinary lag of a live view under load is reported, but does not flip
+//! readiness back (which would make `/readyz` flap under load). A stopped partition is
+//! [`ViewState::Failed`]. [`ViewService::report`] gives the state, lag and position.
 
 use crate::error::{Error, Result};
 use crate::service::{AggregateService, Topics};
@@ -19,12 +27,13 @@ use eventfold_core::projection::{Event, RowReader};
 use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, ViewChanges};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
+use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -98,6 +107,59 @@ pub struct QueryPage {
 struct PartitionProgress {
     applied: watch::Sender<u64>,
     failure: Mutex<Option<String>>,
+    /// Set once the worker has applied the source up to its end offset at start.
+    caught_up: AtomicBool,
+    /// That end offset (`u64::MAX` until the worker has read it).
+    target: AtomicU64,
+}
+
+/// Readiness of a view (or of one of its partitions); see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViewState {
+    /// Applying the events that were in the source when the view started.
+    CatchingUp,
+    /// Caught up once; follows the source live.
+    Ready,
+    /// Stopped after an error (see `error`); restart the service after fixing the cause.
+    Failed,
+}
+
+/// One partition of a view, as `/readyz` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewPartitionReport {
+    /// Source partition.
+    pub partition: u32,
+    /// Readiness.
+    pub state: ViewState,
+    /// Next source offset to apply.
+    pub applied: u64,
+    /// The source's end offset now.
+    pub end: u64,
+    /// Events not applied yet (`end - applied`).
+    pub lag: u64,
+    /// The catch-up target (the source's end when the view started), once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
+    /// Why it stopped, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The state of a view: the worst state of its partitions, the total lag, the position it
+/// has applied, and the partitions that are not ready.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewReport {
+    /// View name.
+    pub view: String,
+    /// `failed` if a partition failed, else `catching_up` if one catches up, else `ready`.
+    pub state: ViewState,
+    /// Events of the source not applied yet, over all partitions.
+    pub lag: u64,
+    /// What the view has applied, as a position token (compare with a command's).
+    pub position: String,
+    /// The partitions that are not ready (empty when the view is ready).
+    pub partitions: Vec<ViewPartitionReport>,
 }
 
 /// The query face of one view. Cheap to share (`Arc`).
@@ -106,6 +168,7 @@ pub struct ViewService {
     source: Topics,
     indexes: Vec<Index>,
     store: Store,
+    log: Arc<dyn Log>,
     options: ViewOptions,
     partitions: Vec<PartitionProgress>,
     unique_conflicts: Vec<AtomicU64>,
@@ -209,6 +272,64 @@ impl ViewService {
         })
     }
 
+    /// Whether every partition has caught up (and none failed).
+    pub fn is_ready(&self) -> bool {
+        (0..self.partitions.len()).all(|p| self.state(p) == ViewState::Ready)
+    }
+
+    fn state(&self, p: usize) -> ViewState {
+        let part = &self.partitions[p];
+        if part.failure.lock().expect("not poisoned").is_some() {
+            ViewState::Failed
+        } else if part.caught_up.load(Ordering::Acquire) {
+            ViewState::Ready
+        } else {
+            ViewState::CatchingUp
+        }
+    }
+
+    /// State, lag and position of the view (reads the source's end offsets).
+    pub async fn report(&self) -> ViewReport {
+        let mut report = ViewReport {
+            view: self.name.to_owned(),
+            state: ViewState::Ready,
+            lag: 0,
+            position: self.position().encode(),
+            partitions: Vec::new(),
+        };
+        for (p, part) in self.partitions.iter().enumerate() {
+            let applied = *part.applied.borrow();
+            let end = match self.log.end_offset(&self.source.events, p as u32).await {
+                Ok(end) => end,
+                Err(e) => {
+                    tracing::warn!(view = self.name, partition = p, error = %e, "cannot read the source end offset");
+                    applied
+                }
+            };
+            let state = self.state(p);
+            let lag = end.saturating_sub(applied);
+            report.lag += lag;
+            report.state = match (report.state, state) {
+                (ViewState::Failed, _) | (_, ViewState::Failed) => ViewState::Failed,
+                (ViewState::CatchingUp, _) | (_, ViewState::CatchingUp) => ViewState::CatchingUp,
+                _ => ViewState::Ready,
+            };
+            if state != ViewState::Ready {
+                let target = part.target.load(Ordering::Acquire);
+                report.partitions.push(ViewPartitionReport {
+                    partition: p as u32,
+                    state,
+                    applied,
+                    end,
+                    lag,
+                    target: (target != u64::MAX).then_some(target),
+                    error: part.failure.lock().expect("not poisoned").clone(),
+                });
+            }
+        }
+        report
+    }
+
     /// Row `key`, if present.
     pub fn get(&self, key: &str) -> Result<Option<Box<RawValue>>> {
         if key.is_empty() || key.len() > eventfold_core::projection::MAX_ROW_KEY_BYTES {
@@ -288,7 +409,15 @@ impl ViewService {
     }
 
     /// Prometheus lines of this view.
-    pub(crate) fn render_metrics(&self, applied: &mut String, conflicts: &mut String) {
+    pub(crate) fn render_metrics(&self, applied: &mut String, up: &mut String, conflicts: &mut String) {
+        for p in 0..self.partitions.len() {
+            let v = match self.state(p) {
+                ViewState::Ready => 1,
+                ViewState::CatchingUp => 0,
+                ViewState::Failed => -1,
+            };
+            let _ = writeln!(up, "eventfold_view_up{{view=\"{}\",partition=\"{p}\"}} {v}", self.name);
+        }
         for (p, part) in self.partitions.iter().enumerate() {
             let _ = writeln!(
                 applied,
@@ -344,6 +473,8 @@ pub(crate) fn start<P: Projection>(
         partitions.push(PartitionProgress {
             applied: watch::Sender::new(from),
             failure: Mutex::new(None),
+            caught_up: AtomicBool::new(false),
+            target: AtomicU64::new(u64::MAX),
         });
         starts.push(from);
     }
@@ -353,6 +484,7 @@ pub(crate) fn start<P: Projection>(
         unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
         indexes,
         store,
+        log: log.clone(),
         options: options.clone(),
         partitions,
     });
@@ -426,7 +558,23 @@ struct Pending {
 impl<P: Projection> Worker<P> {
     async fn run(mut self, mut wake: broadcast::Receiver<(Arc<str>, u64)>) {
         let topic = self.svc.source.events.clone();
+        // The catch-up target: the source's end now (see the module docs on readiness).
+        let target = match self.log.end_offset(&topic, self.partition).await {
+            Ok(end) => end,
+            Err(e) => return self.fail(format!("cannot read the end of {topic}/{}: {e}", self.partition)),
+        };
+        let progress = &self.svc.partitions[self.partition as usize];
+        progress.target.store(target, Ordering::Release);
         loop {
+            if self.next >= target && !progress.caught_up.load(Ordering::Relaxed) {
+                tracing::debug!(
+                    view = P::VIEW,
+                    partition = self.partition,
+                    target,
+                    "view partition caught up"
+                );
+                progress.caught_up.store(true, Ordering::Release);
+            }
             let records = match self
                 .log
                 .read(&topic, self.partition, self.next, self.svc.options.max_batch_events)

@@ -8,7 +8,8 @@ use eventfold::core::projection::Event;
 use eventfold::core::time::rfc3339_ms;
 use eventfold::http::HttpOptions;
 use eventfold::log::embedded::{self, EmbeddedLog};
-use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions};
+use eventfold::log::testing::SlowReads;
+use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
 use eventfold::{Index, Projection, ViewChanges};
 use rand::Rng;
@@ -614,6 +615,260 @@ async fn string_indexes_answer_prefix_queries() {
             assert_eq!(got, want, "{query} limit {limit}");
         }
     }
+}
+
+/// A view that sees every order event; new in the second phase of the readiness test, so
+/// it starts from scratch over events that exist already.
+#[derive(Debug, Default)]
+struct LateView;
+
+impl Projection for LateView {
+    const VIEW: &'static str = "late";
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::number("version")]
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        view.upsert(event.aggregate_id, json!({"version": event.version}));
+    }
+}
+
+/// A view that stops on the order of customer `bad` (an empty row key is refused).
+#[derive(Debug, Default)]
+struct FailsOnBad;
+
+impl Projection for FailsOnBad {
+    const VIEW: &'static str = "fails_on_bad";
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        Vec::new()
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        match event.payload {
+            OrderEvent::OrderPlaced { customer_id, .. } if customer_id == "bad" => view.upsert("", json!({})),
+            _ => view.upsert(event.aggregate_id, json!({})),
+        }
+    }
+}
+
+/// Serves `runtime` on port 0 like [`start`].
+async fn serve(runtime: Runtime, clock: ManualClock) -> Server {
+    assert!(runtime.wait_restored(Duration::from_secs(10)).await);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let router = eventfold::http::router(runtime.clone(), HttpOptions::default());
+    tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
+    Server {
+        base,
+        client: reqwest::Client::new(),
+        clock,
+        runtime,
+    }
+}
+
+fn view_of<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["views"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no views in {body}"))
+        .iter()
+        .find(|v| v["view"] == name)
+        .unwrap_or_else(|| panic!("no view `{name}` in {body}"))
+}
+
+/// `/readyz` is 503 while a view catches up over the events that existed when it started
+/// (here a view added to a service with history), naming it with its lag, while a view
+/// restored from its checkpoint is ready; then 200 once it has caught up.
+#[test]
+fn readyz_reports_a_view_catching_up_then_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = 120;
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let phase1 = rt();
+    phase1.block_on(async {
+        let s = start(dir.path()).await;
+        let mut all = Position::default();
+        for i in 0..orders {
+            let pos = s
+                .command(
+                    "order",
+                    &format!("o-{i}"),
+                    json!({"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"x","qty":1,"price_cents":5}]}),
+                )
+                .await;
+            for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+                all.advance(topic, p, o);
+            }
+        }
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(view_of(&body, "orders")["state"], "ready", "{body}");
+        // Let the views apply everything, so they restart from a checkpoint at the end.
+        let (st, _) = s.get(&format!("/v1/views/orders?min_position={}", all.encode())).await;
+        assert_eq!(st, StatusCode::OK);
+        drop(s.runtime);
+    });
+    phase1.shutdown_timeout(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(200));
+
+    let phase2 = rt();
+    phase2.block_on(async {
+        let clock = ManualClock::at(T0);
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let log = EmbeddedLog::open(
+            store,
+            embedded::Options {
+                partitions: 4,
+                fsync: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // Each read of the new view's catch-up takes 100 ms and brings 4 events: about
+        // 30 events per partition take more than half a second.
+        let log = SlowReads::new(Arc::new(log), Duration::from_millis(100));
+        let runtime = Runtime::builder(RuntimeOptions {
+            app_id: "shop".into(),
+            ..Default::default()
+        })
+        .clock(Arc::new(clock.clone()))
+        .view_options(ViewOptions {
+            max_batch_events: 4,
+            ..Default::default()
+        })
+        .aggregate::<Order>(())
+        .aggregate::<Customer>(())
+        .view::<OrdersView>()
+        .view::<LateView>()
+        .build(Arc::new(log));
+        let s = serve(runtime, clock).await;
+        let (st, body) = s.get("/readyz").await;
+        assert_error(st, &body, StatusCode::SERVICE_UNAVAILABLE, "not_ready");
+        assert_eq!(
+            body["partitions"],
+            json!([]),
+            "every aggregate partition restored: {body}"
+        );
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains("view `late` catching up"), "{message}");
+        let late = view_of(&body, "late");
+        assert_eq!(late["state"], "catching_up", "{body}");
+        let lag = late["lag"].as_u64().unwrap();
+        assert!(lag > 0 && lag <= orders, "{body}");
+        let parts = late["partitions"].as_array().unwrap();
+        assert!(!parts.is_empty(), "{body}");
+        for p in parts {
+            assert_eq!(p["state"], "catching_up", "{body}");
+            assert!(p["end"].as_u64().unwrap() > p["applied"].as_u64().unwrap(), "{body}");
+            assert_eq!(p["target"], p["end"], "nothing written since the start: {body}");
+        }
+        let restored = view_of(&body, "orders");
+        assert_eq!(
+            (&restored["state"], &restored["lag"], &restored["partitions"]),
+            (&json!("ready"), &json!(0), &json!([])),
+            "restored from its checkpoint: {body}"
+        );
+        // Then ready, for good.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let body = loop {
+            let (st, body) = s.get("/readyz").await;
+            if st == StatusCode::OK {
+                break body;
+            }
+            assert!(Instant::now() < deadline, "the view never caught up: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(body["ready"], true);
+        for name in ["orders", "late"] {
+            let v = view_of(&body, name);
+            assert_eq!((&v["state"], &v["lag"]), (&json!("ready"), &json!(0)), "{body}");
+        }
+        let late = view_of(&body, "late");
+        let (st, rows) = s
+            .get(&format!(
+                "/v1/views/late?version=1&limit=1000&min_position={}",
+                late["position"].as_str().unwrap()
+            ))
+            .await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(
+            rows["rows"].as_array().unwrap().len() as u64,
+            orders,
+            "every order applied"
+        );
+        drop(s.runtime);
+    });
+    phase2.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// A view partition that stops makes `/readyz` 503, naming the view, the partition and
+/// the reason; the other views stay ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_failed_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at(T0);
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let log = EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: 4,
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let runtime = Runtime::builder(RuntimeOptions {
+        app_id: "shop".into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .aggregate::<Order>(())
+    .view::<OrdersView>()
+    .view::<FailsOnBad>()
+    .build(Arc::new(log));
+    let s = serve(runtime, clock).await;
+    let place = |c: &str| json!({"type":"PlaceOrder","customer_id":c,"items":[{"sku":"x","qty":1,"price_cents":5}]});
+    let pos = s.command("order", "o-good", place("good")).await;
+    let (st, _) = s
+        .get(&format!("/v1/views/fails_on_bad/o-good?min_position={pos}"))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, body) = s.get("/readyz").await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert_eq!(view_of(&body, "fails_on_bad")["state"], "ready", "{body}");
+    s.command("order", "o-bad", place("bad")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (st, body) = s.get("/readyz").await;
+        if st == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the view never failed: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(body["error"], "not_ready");
+    assert!(
+        body["message"].as_str().unwrap().contains("view `fails_on_bad` failed"),
+        "{body}"
+    );
+    let v = view_of(&body, "fails_on_bad");
+    assert_eq!(v["state"], "failed", "{body}");
+    let p = &v["partitions"][0];
+    assert_eq!(p["state"], "failed", "{body}");
+    assert!(p["error"].as_str().unwrap().contains("row key"), "{body}");
+    assert_eq!(view_of(&body, "orders")["state"], "ready", "{body}");
+    let metrics = s.client.get(format!("{}/metrics", s.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let line = format!(
+        "eventfold_view_up{{view=\"fails_on_bad\",partition=\"{}\"}} -1",
+        p["partition"]
+    );
+    assert!(metrics.contains(&line), "{line} in {metrics}");
 }
 
 /// Views restore from their checkpoints: after a restart nothing is applied twice (the
