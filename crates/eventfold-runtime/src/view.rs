@@ -440,12 +440,13 @@ impl ViewService {
     }
 }
 
-/// Starts the processors of projection `P` over the source service `source`.
-pub(crate) fn start<P: Projection>(
+/// Builds the query side of projection `P` over the source topics `source`, from the
+/// stored checkpoints; returns it with the projection and each partition's next offset.
+fn service<P: Projection>(
     log: &Arc<dyn Log>,
-    source: &Arc<dyn AggregateService>,
+    source: Topics,
     options: &ViewOptions,
-) -> Arc<ViewService> {
+) -> (Arc<ViewService>, Arc<P>, Vec<u64>) {
     let projection = Arc::new(P::default());
     let indexes = projection.indexes();
     for (i, idx) in indexes.iter().enumerate() {
@@ -462,12 +463,11 @@ pub(crate) fn start<P: Projection>(
         );
     }
     let store = log.store().clone();
-    let topic = source.topics().events.clone();
     let mut partitions = Vec::new();
     let mut starts = Vec::new();
     for p in 0..log.partitions() {
         let from = store
-            .get_meta(&view_checkpoint_key(P::VIEW, &topic, p))
+            .get_meta(&view_checkpoint_key(P::VIEW, &source.events, p))
             .unwrap_or_else(|e| panic!("cannot read the checkpoint of view `{}`: {e}", P::VIEW))
             .unwrap_or(0);
         partitions.push(PartitionProgress {
@@ -480,7 +480,7 @@ pub(crate) fn start<P: Projection>(
     }
     let svc = Arc::new(ViewService {
         name: P::VIEW,
-        source: source.topics().clone(),
+        source,
         unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
         indexes,
         store,
@@ -488,6 +488,39 @@ pub(crate) fn start<P: Projection>(
         options: options.clone(),
         partitions,
     });
+    (svc, projection, starts)
+}
+
+/// The meta entry present while a rebuild of `view` is under way (or was interrupted):
+/// a view with this marker is not served (its partitions are `failed`).
+pub fn rebuild_marker_key(view: &str) -> String {
+    format!("rebuild/{view}")
+}
+
+/// Starts the processors of projection `P` over the source service `source`.
+pub(crate) fn start<P: Projection>(
+    log: &Arc<dyn Log>,
+    source: &Arc<dyn AggregateService>,
+    options: &ViewOptions,
+) -> Arc<ViewService> {
+    let (svc, projection, starts) = service::<P>(log, source.topics().clone(), options);
+    // A rebuild that did not finish left the view half cleared: serving it (or building
+    // on it) would be wrong, so its partitions stop until the rebuild is run again.
+    match log.store().get_meta(&rebuild_marker_key(P::VIEW)) {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            let reason = format!(
+                "a rebuild of view `{}` was interrupted; run the rebuild again before serving it",
+                P::VIEW
+            );
+            tracing::error!(view = P::VIEW, %reason, "view not started");
+            for part in &svc.partitions {
+                *part.failure.lock().expect("not poisoned") = Some(reason.clone());
+            }
+            return svc;
+        }
+        Err(e) => panic!("cannot read the rebuild marker of view `{}`: {e}", P::VIEW),
+    }
     for (p, from) in starts.into_iter().enumerate() {
         let worker = Worker {
             projection: projection.clone(),
@@ -500,6 +533,92 @@ pub(crate) fn start<P: Projection>(
         tokio::spawn(worker.run(source.subscribe()));
     }
     svc
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Default)]
+pub struct RebuildStats {
+    /// Entries removed before the rebuild (rows, index entries, checkpoints).
+    pub cleared: u64,
+    /// Source events applied.
+    pub events: u64,
+    /// Rows the view holds afterwards.
+    pub rows: u64,
+    /// Rows left out of a unique index because another row held the value.
+    pub unique_conflicts: u64,
+    /// Time the rebuild took (clearing included).
+    pub elapsed: Duration,
+}
+
+/// Rebuilds the view of projection `P` from its source events in `log`, from offset 0 of
+/// every partition: clears the view's rows, index entries and checkpoints, then applies
+/// the events up to the end offsets taken at the start, in batches of
+/// `options.max_batch_events`, each committed with its checkpoint like a live view.
+/// `progress(applied, total)` is called after each batch.
+///
+/// Nothing else may write the view meanwhile: run it while the service is stopped (the
+/// store's lock makes a second process fail to open it). A durable marker is written
+/// first and removed last, so an interrupted rebuild is noticed: the service refuses to
+/// serve that view until a rebuild completes.
+pub async fn rebuild<P: Projection>(
+    log: Arc<dyn Log>,
+    app_id: &str,
+    options: &ViewOptions,
+    progress: &mut (dyn FnMut(u64, u64) + Send),
+) -> Result<RebuildStats> {
+    let started = std::time::Instant::now();
+    let source = Topics::new(app_id, <P::Source as Aggregate>::TYPE);
+    let store = log.store().clone();
+    let marker = rebuild_marker_key(P::VIEW);
+    let mut b = Batch::new();
+    b.put_meta(&marker, 1);
+    store.commit(b, true)?;
+    let cleared = store.clear_view(P::VIEW, 10_000)?;
+    let (svc, projection, _) = service::<P>(&log, source.clone(), options);
+    let mut ends = Vec::new();
+    for p in 0..log.partitions() {
+        ends.push(log.end_offset(&source.events, p).await?);
+    }
+    let total: u64 = ends.iter().sum();
+    let mut applied = 0;
+    progress(0, total);
+    for (p, end) in ends.into_iter().enumerate() {
+        let mut worker = Worker {
+            projection: projection.clone(),
+            svc: svc.clone(),
+            log: log.clone(),
+            partition: p as u32,
+            partitions: log.partitions(),
+            next: 0,
+        };
+        while worker.next < end {
+            let max = options.max_batch_events.min((end - worker.next) as usize);
+            let failed = |reason: String| Error::ViewFailed {
+                view: P::VIEW.to_owned(),
+                partition: p as u32,
+                reason,
+            };
+            let n = worker.step(&source.events, max).await.map_err(failed)?;
+            if n == 0 {
+                return Err(failed(format!(
+                    "{} ends at {end} but reading from {} returned nothing",
+                    source.events, worker.next
+                )));
+            }
+            applied += n as u64;
+            progress(applied, total);
+        }
+    }
+    let mut b = Batch::new();
+    b.delete_meta(&marker);
+    store.commit(b, true)?;
+    Ok(RebuildStats {
+        cleared,
+        events: applied,
+        rows: store.count_view_rows(P::VIEW)?,
+        unique_conflicts: svc.unique_conflicts.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
+        elapsed: started.elapsed(),
+    })
 }
 
 struct Worker<P: Projection> {
@@ -563,7 +682,8 @@ impl<P: Projection> Worker<P> {
             Ok(end) => end,
             Err(e) => return self.fail(format!("cannot read the end of {topic}/{}: {e}", self.partition)),
         };
-        let progress = &self.svc.partitions[self.partition as usize];
+        let svc = self.svc.clone();
+        let progress = &svc.partitions[self.partition as usize];
         progress.target.store(target, Ordering::Release);
         loop {
             if self.next >= target && !progress.caught_up.load(Ordering::Relaxed) {
@@ -575,45 +695,49 @@ impl<P: Projection> Worker<P> {
                 );
                 progress.caught_up.store(true, Ordering::Release);
             }
-            let records = match self
-                .log
-                .read(&topic, self.partition, self.next, self.svc.options.max_batch_events)
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => return self.fail(format!("cannot read {topic}/{}: {e}", self.partition)),
-            };
-            if records.is_empty() {
-                tokio::select! {
-                    closed = self.wait_for_own_partition(&mut wake) => {
-                        if closed {
-                            // The source is gone (shutdown); keep polling at the slow pace.
-                            tokio::time::sleep(self.svc.options.poll_interval).await;
-                        }
-                        tokio::time::sleep(self.svc.options.linger).await;
-                        while wake.try_recv().is_ok() {}
-                    }
-                    _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
-                }
-                continue;
-            }
-            let next = records.last().map(|(o, _)| o + 1).expect("not empty");
-            match self.apply(&topic, &records, next) {
-                Ok(batch) => {
-                    // The write may wait for the store's journal (held during the command
-                    // path's fsync): never on a runtime worker.
-                    let store = self.log.store().clone();
-                    match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => return self.fail(format!("cannot commit: {e}")),
-                        Err(e) => return self.fail(format!("commit task failed: {e}")),
-                    }
-                }
+            match self.step(&topic, self.svc.options.max_batch_events).await {
+                Ok(0) => {}
+                Ok(_) => continue,
                 Err(e) => return self.fail(e),
             }
-            self.next = next;
-            self.svc.partitions[self.partition as usize].applied.send_replace(next);
+            tokio::select! {
+                closed = self.wait_for_own_partition(&mut wake) => {
+                    if closed {
+                        // The source is gone (shutdown); keep polling at the slow pace.
+                        tokio::time::sleep(self.svc.options.poll_interval).await;
+                    }
+                    tokio::time::sleep(self.svc.options.linger).await;
+                    while wake.try_recv().is_ok() {}
+                }
+                _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
+            }
         }
+    }
+
+    /// Reads up to `max` source events from the checkpoint, applies them and commits the
+    /// rows, index entries and next offset in one batch, then publishes the new offset.
+    /// Returns how many events it applied (0: none there yet).
+    async fn step(&mut self, topic: &str, max: usize) -> Result<usize, String> {
+        let records = self
+            .log
+            .read(topic, self.partition, self.next, max)
+            .await
+            .map_err(|e| format!("cannot read {topic}/{}: {e}", self.partition))?;
+        let Some(next) = records.last().map(|(o, _)| o + 1) else {
+            return Ok(0);
+        };
+        let batch = self.apply(topic, &records, next)?;
+        // The write may wait for the store's journal (held during the command path's
+        // fsync): never on a runtime worker.
+        let store = self.log.store().clone();
+        match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("cannot commit: {e}")),
+            Err(e) => return Err(format!("commit task failed: {e}")),
+        }
+        self.next = next;
+        self.svc.partitions[self.partition as usize].applied.send_replace(next);
+        Ok(records.len())
     }
 
     /// Waits for a commit notification that concerns this worker's partition (a lag

@@ -186,6 +186,52 @@ impl Store {
         }
     }
 
+    /// Deletes every row, index entry and checkpoint of `view`, in batches of at most
+    /// `max_batch` keys (a large view is not one huge batch); returns how many keys were
+    /// deleted. Not atomic as a whole: callers mark the view as being rebuilt first.
+    pub fn clear_view(&self, view: &str, max_batch: usize) -> Result<u64> {
+        check_name("view", view)?;
+        let max_batch = max_batch.max(1);
+        let checkpoints = format!("view/{view}/").into_bytes();
+        let mut deleted = 0;
+        // Checkpoints first: should this stop half way, a view with no checkpoint is
+        // rebuilt from the start rather than trusted.
+        for (table, prefix) in [
+            (Table::Meta, checkpoints),
+            (Table::ViewIndex, key2(view.as_bytes(), b"")),
+            (Table::ViewRow, key2(view.as_bytes(), b"")),
+        ] {
+            // One pass over a snapshot: re-reading the prefix after each batch would walk
+            // over the tombstones of the batches before (quadratic in the view's size).
+            let snapshot = self.snapshot();
+            let end = prefix_end(&prefix);
+            let mut b = Batch::with_capacity(max_batch);
+            for kv in snapshot.range(self.table(table), prefix..end) {
+                b.delete(table, kv.key()?.to_vec());
+                deleted += 1;
+                if b.len() >= max_batch {
+                    self.commit(std::mem::replace(&mut b, Batch::with_capacity(max_batch)), false)?;
+                }
+            }
+            self.commit(b, false)?;
+        }
+        // One fsync for all: a crash before it loses some deletes, which the caller's
+        // marker covers (the clear is repeated).
+        self.sync()?;
+        Ok(deleted)
+    }
+
+    /// How many rows `view` holds (a full scan of its rows' keys).
+    pub fn count_view_rows(&self, view: &str) -> Result<u64> {
+        check_name("view", view)?;
+        let mut n = 0;
+        for kv in self.table(Table::ViewRow).prefix(key2(view.as_bytes(), b"")) {
+            kv.key()?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// The row key holding `value` in the unique `index` of `view`.
     pub fn get_view_unique(&self, view: &str, index: &str, value: &[u8]) -> Result<Option<String>> {
         let k = entry_key(view, index, value, "", true);
@@ -591,6 +637,36 @@ mod tests {
             }
             assert_eq!(all(&s, "v", None, scan), want, "key prefix {prefix:?}");
         }
+    }
+
+    /// Clearing a view removes its rows, entries and checkpoints in small batches, and
+    /// nothing of a view whose name it prefixes.
+    #[test]
+    fn clear_view_removes_exactly_that_view() {
+        let (_dir, s) = temp();
+        let v = encode_value(&IndexValue::Int(1));
+        let mut b = Batch::new();
+        for view in ["v", "v2"] {
+            for i in 0..25 {
+                let key = format!("k{i}");
+                b.put_view_row(view, &key, b"{}");
+                b.put_view_entry(view, "n", &v, &key, false);
+            }
+            b.put_meta(&view_checkpoint_key(view, "t", 0), 25);
+        }
+        s.commit(b, false).unwrap();
+        assert_eq!(s.clear_view("v", 7).unwrap(), 25 + 25 + 1);
+        assert_eq!(s.count_view_rows("v").unwrap(), 0);
+        assert_eq!(s.get_meta(&view_checkpoint_key("v", "t", 0)).unwrap(), None);
+        let scan = Scan {
+            limit: 100,
+            max_scanned: 100,
+            ..Default::default()
+        };
+        assert!(all(&s, "v", Some("n"), scan.clone()).is_empty());
+        assert_eq!(s.count_view_rows("v2").unwrap(), 25);
+        assert_eq!(all(&s, "v2", Some("n"), scan).len(), 25);
+        assert_eq!(s.get_meta(&view_checkpoint_key("v2", "t", 0)).unwrap(), Some(25));
     }
 
     #[test]

@@ -871,6 +871,27 @@ async fn readyz_names_a_failed_view() {
     assert!(metrics.contains(&line), "{line} in {metrics}");
 }
 
+/// A rebuild that did not finish (its marker is still in the store) leaves a half-cleared
+/// view: the service does not serve it, and `/readyz` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_rebuild_keeps_the_view_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let mut b = eventfold::store::Batch::new();
+        b.put_meta(&eventfold::runtime::view::rebuild_marker_key("orders"), 1);
+        store.commit(b, true).unwrap();
+    }
+    let s = start(dir.path()).await;
+    let (st, body) = s.get("/readyz").await;
+    assert_error(st, &body, StatusCode::SERVICE_UNAVAILABLE, "not_ready");
+    let orders = view_of(&body, "orders");
+    assert_eq!(orders["state"], "failed", "{body}");
+    let why = orders["partitions"][0]["error"].as_str().unwrap();
+    assert!(why.contains("rebuild of view `orders` was interrupted"), "{why}");
+    assert_eq!(view_of(&body, "customers")["state"], "ready", "{body}");
+}
+
 /// Views restore from their checkpoints: after a restart nothing is applied twice (the
 /// totals would double) and nothing written meanwhile is missed.
 #[test]
