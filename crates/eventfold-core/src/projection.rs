@@ -305,6 +305,11 @@ pub trait Projection: Default + Send + Sync + 'static {
     /// The view name used in URLs and storage, e.g. `orders`. Stable: renaming it starts
     /// an empty view.
     const VIEW: &'static str;
+    /// The version of what the projection stores: bump it when `apply` or `indexes`
+    /// change. A new version is built **side by side** from the start of the log while
+    /// the previous one, if its projection is still registered, keeps serving; queries
+    /// switch once the new one has caught up, and the old data is removed.
+    const VERSION: u32 = 1;
     /// The aggregate type whose events this projection reads.
     type Source: Aggregate;
     /// The secondary indexes of the view.

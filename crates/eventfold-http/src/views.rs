@@ -37,7 +37,7 @@ pub const MAX_LIMIT: usize = 1000;
 
 const CURSOR_V1: u8 = 1;
 
-fn view<'a>(app: &'a App, name: &str) -> Result<&'a Arc<ViewService>, ApiError> {
+fn view(app: &App, name: &str) -> Result<Arc<ViewService>, ApiError> {
     app.runtime.view(name).map_err(|_| {
         let known: Vec<_> = app.runtime.view_names().collect();
         ApiError::new(
@@ -84,7 +84,7 @@ pub(crate) async fn get_row(
             }
         }
     }
-    barrier(&app, v, min_position.as_deref()).await?;
+    barrier(&app, &v, min_position.as_deref()).await?;
     match v.get(&key)? {
         Some(value) => Ok(axum::Json(json!({"key": key, "value": value}))),
         None => Err(ApiError::new(
@@ -266,13 +266,13 @@ pub(crate) async fn query(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let v = view(&app, &name)?;
-    let p = parse(v, pairs(query)?)?;
+    let p = parse(&v, pairs(query)?)?;
     let after = p
         .cursor
         .as_deref()
         .map(|c| decode_cursor(c, p.order_by.as_deref(), p.descending))
         .transpose()?;
-    barrier(&app, v, p.min_position.as_deref()).await?;
+    barrier(&app, &v, p.min_position.as_deref()).await?;
     let q = eventfold_runtime::Query {
         order_by: p.order_by.clone(),
         conditions: p.conditions,

@@ -160,11 +160,24 @@ pub struct ViewReport {
     pub position: String,
     /// The partitions that are not ready (empty when the view is ready).
     pub partitions: Vec<ViewPartitionReport>,
+    /// The projection version answering queries.
+    pub version: u32,
+    /// A newer version being built side by side (queries switch to it once it is
+    /// ready).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub building: Option<Box<ViewReport>>,
 }
 
 /// The query face of one view. Cheap to share (`Arc`).
 pub struct ViewService {
     name: &'static str,
+    /// The projection's version, and the name its rows, entries and checkpoints are
+    /// stored under ([`storage_name`]).
+    version: u32,
+    storage: String,
+    /// Set when a newer version took over: the workers stop.
+    retired: AtomicBool,
+    workers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     source: Topics,
     indexes: Vec<Index>,
     store: Store,
@@ -201,6 +214,26 @@ impl ViewService {
     /// The view name.
     pub fn name(&self) -> &str {
         self.name
+    }
+
+    /// The projection version this service holds.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The name its data is stored under ([`storage_name`]).
+    pub fn storage(&self) -> &str {
+        &self.storage
+    }
+
+    /// Stops the workers (a newer version took over) and waits for them to finish their
+    /// current batch.
+    pub(crate) async fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        let handles = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
+        for h in handles {
+            let _ = h.await;
+        }
     }
 
     /// The declared indexes.
@@ -296,6 +329,8 @@ impl ViewService {
             lag: 0,
             position: self.position().encode(),
             partitions: Vec::new(),
+            version: self.version,
+            building: None,
         };
         for (p, part) in self.partitions.iter().enumerate() {
             let applied = *part.applied.borrow();
@@ -335,7 +370,7 @@ impl ViewService {
         if key.is_empty() || key.len() > eventfold_core::projection::MAX_ROW_KEY_BYTES {
             return Ok(None);
         }
-        match self.store.get_view_row(self.name, key)? {
+        match self.store.get_view_row(&self.storage, key)? {
             Some(json) => raw_json(self.name, key, json).map(Some),
             None => Ok(None),
         }
@@ -399,7 +434,7 @@ impl ViewService {
         };
         let page = self
             .store
-            .scan_view(self.name, query.order_by.as_deref(), &scan, &mut filter)?;
+            .scan_view(&self.storage, query.order_by.as_deref(), &scan, &mut filter)?;
         let rows = page
             .rows
             .into_iter()
@@ -463,11 +498,12 @@ fn service<P: Projection>(
         );
     }
     let store = log.store().clone();
+    let storage = storage_name(P::VIEW, P::VERSION);
     let mut partitions = Vec::new();
     let mut starts = Vec::new();
     for p in 0..log.partitions() {
         let from = store
-            .get_meta(&view_checkpoint_key(P::VIEW, &source.events, p))
+            .get_meta(&view_checkpoint_key(&storage, &source.events, p))
             .unwrap_or_else(|e| panic!("cannot read the checkpoint of view `{}`: {e}", P::VIEW))
             .unwrap_or(0);
         partitions.push(PartitionProgress {
@@ -480,6 +516,10 @@ fn service<P: Projection>(
     }
     let svc = Arc::new(ViewService {
         name: P::VIEW,
+        version: P::VERSION,
+        storage,
+        retired: AtomicBool::new(false),
+        workers: Mutex::new(Vec::new()),
         source,
         unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
         indexes,
@@ -491,10 +531,26 @@ fn service<P: Projection>(
     (svc, projection, starts)
 }
 
-/// The meta entry present while a rebuild of `view` is under way (or was interrupted):
-/// a view with this marker is not served (its partitions are `failed`).
-pub fn rebuild_marker_key(view: &str) -> String {
-    format!("rebuild/{view}")
+/// The name a view's rows, index entries and checkpoints are stored under: the view name
+/// for version 1 (what views were stored under before versions existed), `<view>@v<n>`
+/// for later versions, so two versions can live side by side.
+pub fn storage_name(view: &str, version: u32) -> String {
+    match version {
+        1 => view.to_owned(),
+        v => format!("{view}@v{v}"),
+    }
+}
+
+/// The meta entry holding the version of `view` that answers queries.
+pub fn serving_version_key(view: &str) -> String {
+    format!("view_version/{view}")
+}
+
+/// The meta entry present while a rebuild of the view stored as `storage` is under way
+/// (or was interrupted): a view with this marker is not served (its partitions are
+/// `failed`).
+pub fn rebuild_marker_key(storage: &str) -> String {
+    format!("rebuild/{storage}")
 }
 
 /// Starts the processors of projection `P` over the source service `source`.
@@ -506,7 +562,7 @@ pub(crate) fn start<P: Projection>(
     let (svc, projection, starts) = service::<P>(log, source.topics().clone(), options);
     // A rebuild that did not finish left the view half cleared: serving it (or building
     // on it) would be wrong, so its partitions stop until the rebuild is run again.
-    match log.store().get_meta(&rebuild_marker_key(P::VIEW)) {
+    match log.store().get_meta(&rebuild_marker_key(&svc.storage)) {
         Ok(None) => {}
         Ok(Some(_)) => {
             let reason = format!(
@@ -530,7 +586,8 @@ pub(crate) fn start<P: Projection>(
             partitions: log.partitions(),
             next: from,
         };
-        tokio::spawn(worker.run(source.subscribe()));
+        let handle = tokio::spawn(worker.run(source.subscribe()));
+        svc.workers.lock().expect("not poisoned").push(handle);
     }
     svc
 }
@@ -569,11 +626,12 @@ pub async fn rebuild<P: Projection>(
     let started = std::time::Instant::now();
     let source = Topics::new(app_id, <P::Source as Aggregate>::TYPE);
     let store = log.store().clone();
-    let marker = rebuild_marker_key(P::VIEW);
+    let storage = storage_name(P::VIEW, P::VERSION);
+    let marker = rebuild_marker_key(&storage);
     let mut b = Batch::new();
     b.put_meta(&marker, 1);
     store.commit(b, true)?;
-    let cleared = store.clear_view(P::VIEW, 10_000)?;
+    let cleared = store.clear_view(&storage, 10_000)?;
     let (svc, projection, _) = service::<P>(&log, source.clone(), options);
     let mut ends = Vec::new();
     for p in 0..log.partitions() {
@@ -615,7 +673,7 @@ pub async fn rebuild<P: Projection>(
     Ok(RebuildStats {
         cleared,
         events: applied,
-        rows: store.count_view_rows(P::VIEW)?,
+        rows: store.count_view_rows(&storage)?,
         unique_conflicts: svc.unique_conflicts.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
         elapsed: started.elapsed(),
     })
@@ -686,6 +744,9 @@ impl<P: Projection> Worker<P> {
         let progress = &svc.partitions[self.partition as usize];
         progress.target.store(target, Ordering::Release);
         loop {
+            if svc.retired.load(Ordering::Acquire) {
+                return;
+            }
             if self.next >= target && !progress.caught_up.load(Ordering::Relaxed) {
                 tracing::debug!(
                     view = P::VIEW,
@@ -764,7 +825,7 @@ impl<P: Projection> Worker<P> {
     /// Applies `records` and returns the store batch: rows, index entries, checkpoint.
     fn apply(&self, topic: &str, records: &[(u64, Record)], next: u64) -> Result<Batch, String> {
         let store = self.log.store();
-        let view = P::VIEW;
+        let view = self.svc.storage.as_str();
         let mut pending = Pending::default();
         for (offset, record) in records {
             let at = || format!("{topic}/{}@{offset}", self.partition);
@@ -828,7 +889,7 @@ impl<P: Projection> Worker<P> {
         let store = self.log.store();
         let old = match pending.rows.get(key) {
             Some(v) => v.clone(),
-            None => load_row(store, P::VIEW, key)?,
+            None => load_row(store, &self.svc.storage, key)?,
         };
         for (i, idx) in self.svc.indexes.iter().enumerate() {
             // A value of the wrong type is not indexed (the same rule for old and new rows,
@@ -852,7 +913,7 @@ impl<P: Projection> Worker<P> {
             let entry = |v: &[u8]| (i, v.to_vec(), if idx.unique { String::new() } else { key.to_owned() });
             if let Some(v) = was {
                 if idx.unique {
-                    if owner(store, pending, P::VIEW, idx, i, &v)?.as_deref() == Some(key) {
+                    if owner(store, pending, &self.svc.storage, idx, i, &v)?.as_deref() == Some(key) {
                         pending.entries.insert(entry(&v), None);
                         pending.owners.insert((i, v), None);
                     }
@@ -862,7 +923,7 @@ impl<P: Projection> Worker<P> {
             }
             if let Some(v) = now {
                 if idx.unique {
-                    match owner(store, pending, P::VIEW, idx, i, &v)? {
+                    match owner(store, pending, &self.svc.storage, idx, i, &v)? {
                         Some(other) if other != key => {
                             self.svc.unique_conflicts[i].fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(

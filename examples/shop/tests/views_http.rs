@@ -892,6 +892,200 @@ async fn an_interrupted_rebuild_keeps_the_view_failed() {
     assert_eq!(view_of(&body, "customers")["state"], "ready", "{body}");
 }
 
+/// `order_totals` version 1: `{total}` per order.
+#[derive(Debug, Default)]
+struct TotalsV1;
+
+impl Projection for TotalsV1 {
+    const VIEW: &'static str = "order_totals";
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::number("total")]
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        if let OrderEvent::OrderPlaced { total_cents, .. } = event.payload {
+            view.upsert(event.aggregate_id, json!({"total": total_cents}));
+        }
+    }
+}
+
+/// `order_totals` version 2: another row shape and another index.
+#[derive(Debug, Default)]
+struct TotalsV2;
+
+impl Projection for TotalsV2 {
+    const VIEW: &'static str = "order_totals";
+    const VERSION: u32 = 2;
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::number("lines")]
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        if let OrderEvent::OrderPlaced { total_cents, items, .. } = event.payload {
+            view.upsert(
+                event.aggregate_id,
+                json!({"total_cents": total_cents, "lines": items.len()}),
+            );
+        }
+    }
+}
+
+/// A runtime over the store in `dir` with `register`ed views; reads take `slow` each.
+fn runtime_with(
+    dir: &Path,
+    clock: &ManualClock,
+    slow: Option<Duration>,
+    register: impl FnOnce(eventfold::runtime::RuntimeBuilder) -> eventfold::runtime::RuntimeBuilder,
+) -> Runtime {
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    let log = EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: 4,
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let log: Arc<dyn eventfold::log::Log> = match slow {
+        Some(d) => Arc::new(SlowReads::new(Arc::new(log), d)),
+        None => Arc::new(log),
+    };
+    let builder = Runtime::builder(RuntimeOptions {
+        app_id: "shop".into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .view_options(ViewOptions {
+        max_batch_events: 4,
+        ..Default::default()
+    })
+    .aggregate::<Order>(());
+    register(builder).build(log)
+}
+
+fn in_runtime(f: impl std::future::Future<Output = ()>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(f);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    // The store closes once every task holding it is gone.
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// A new projection version builds side by side while the old one keeps serving (and
+/// follows new events); queries switch once the new one has caught up, the old data is
+/// removed, and a restart with only the new version serves it at once.
+#[test]
+fn a_new_projection_version_builds_side_by_side_then_takes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = 60;
+    let place =
+        |i: usize| json!({"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"x","qty":1,"price_cents":10 + i}]});
+    in_runtime(async {
+        let clock = ManualClock::at(T0);
+        let s = serve(runtime_with(dir.path(), &clock, None, |b| b.view::<TotalsV1>()), clock).await;
+        let mut last = String::new();
+        for i in 0..orders {
+            last = s.command("order", &format!("o-{i}"), place(i)).await;
+        }
+        let (st, body) = s.get(&format!("/v1/views/order_totals/o-1?min_position={last}")).await;
+        assert_eq!((st, &body["value"]), (StatusCode::OK, &json!({"total": 11})));
+        // Let every partition apply everything, so version 1 restarts at the end.
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s
+            .runtime
+            .view("order_totals")
+            .unwrap()
+            .position()
+            .marks()
+            .map(|(_, _, o)| o)
+            .sum::<u64>()
+            < orders as u64
+        {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(s.runtime);
+    });
+
+    in_runtime(async {
+        let clock = ManualClock::at(T0 + HOUR);
+        let runtime = runtime_with(dir.path(), &clock, Some(Duration::from_millis(100)), |b| {
+            b.view::<TotalsV1>().view::<TotalsV2>()
+        });
+        let s = serve(runtime, clock).await;
+        // Version 1 answers, the instance is ready, version 2 builds.
+        let (st, body) = s.get("/v1/views/order_totals/o-1").await;
+        assert_eq!((st, &body["value"]), (StatusCode::OK, &json!({"total": 11})));
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "the old version serves: {body}");
+        let v = view_of(&body, "order_totals");
+        assert_eq!((&v["version"], &v["state"]), (&json!(1), &json!("ready")), "{body}");
+        assert_eq!(v["building"]["version"], 2, "{body}");
+        assert_eq!(v["building"]["state"], "catching_up", "{body}");
+        // The old version follows new events while the new one builds.
+        let pos = s.command("order", "o-new", place(1000)).await;
+        let (st, body) = s.get(&format!("/v1/views/order_totals/o-new?min_position={pos}")).await;
+        assert_eq!(
+            (st, &body["value"]),
+            (StatusCode::OK, &json!({"total": 1010})),
+            "{body}"
+        );
+        let (st, body) = s.get("/v1/views/order_totals?lines=1").await;
+        assert_error(st, &body, StatusCode::BAD_REQUEST, "unknown_index");
+        // Then version 2 takes over.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, body) = s.get("/v1/views/order_totals/o-1").await;
+            if body["value"] == json!({"total_cents": 11, "lines": 1}) {
+                break;
+            }
+            assert_eq!(body["value"], json!({"total": 11}), "one version or the other");
+            assert!(Instant::now() < deadline, "version 2 never took over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        let v = view_of(&body, "order_totals");
+        assert_eq!((&v["version"], &v["building"]), (&json!(2), &Value::Null), "{body}");
+        let got = s
+            .all_pages(&format!("/v1/views/order_totals?lines=1&limit=1000&min_position={pos}"))
+            .await
+            .concat();
+        assert_eq!(
+            got.len(),
+            orders + 1,
+            "every order, the one written during the build too"
+        );
+        // The old version's rows and entries are removed.
+        let store = s.runtime.log().store().clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.count_view_rows("order_totals").unwrap() > 0 {
+            assert!(Instant::now() < deadline, "version 1 data still there");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(store.count_view_rows("order_totals@v2").unwrap(), orders as u64 + 1);
+        drop(s.runtime);
+    });
+
+    in_runtime(async {
+        let clock = ManualClock::at(T0 + 2 * HOUR);
+        let s = serve(runtime_with(dir.path(), &clock, None, |b| b.view::<TotalsV2>()), clock).await;
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(view_of(&body, "order_totals")["version"], 2, "{body}");
+        let (_, body) = s.get("/v1/views/order_totals/o-new").await;
+        assert_eq!(body["value"], json!({"total_cents": 1010, "lines": 1}));
+        drop(s.runtime);
+    });
+}
+
 /// Views restore from their checkpoints: after a restart nothing is applied twice (the
 /// totals would double) and nothing written meanwhile is missed.
 #[test]
