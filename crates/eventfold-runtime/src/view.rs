@@ -13,7 +13,8 @@
 //!
 //! **Readiness.** When a partition's worker starts, it takes the source's end offset as
 //! its catch-up target (like the restore barrier of the command path). Until it has
-//! applied that far the partition is [`ViewState::CatchingUp`] (a new view, or one rebuilt
+//! applied that far (or a read finds nothing more: in Kafka, transaction markers take
+//! offsets that are never read) the partition is [`ViewState::CatchingUp`] (a new view, or one rebuilt
 //! from scratch, answers from a partial view meanwhile), then [`ViewState::Ready`] for
 //! good: the ordinary lag of a live view under load is reported, but does not flip
 //! readiness back (which would make `/readyz` flap under load). A stopped partition is
@@ -134,7 +135,7 @@ pub struct ViewPartitionReport {
     pub state: ViewState,
     /// Next source offset to apply.
     pub applied: u64,
-    /// The source's end offset now.
+    /// The source's end offset now (of the local log; in Kafka mode of its local cache).
     pub end: u64,
     /// Events not applied yet (`end - applied`).
     pub lag: u64,
@@ -181,7 +182,6 @@ pub struct ViewService {
     source: Topics,
     indexes: Vec<Index>,
     store: Store,
-    log: Arc<dyn Log>,
     options: ViewOptions,
     partitions: Vec<PartitionProgress>,
     unique_conflicts: Vec<AtomicU64>,
@@ -321,7 +321,8 @@ impl ViewService {
         }
     }
 
-    /// State, lag and position of the view (reads the source's end offsets).
+    /// State, lag and position of the view (the lag against the local log, or in Kafka
+    /// mode its local cache).
     pub async fn report(&self) -> ViewReport {
         let mut report = ViewReport {
             view: self.name.to_owned(),
@@ -334,8 +335,11 @@ impl ViewService {
         };
         for (p, part) in self.partitions.iter().enumerate() {
             let applied = *part.applied.borrow();
-            let end = match self.log.end_offset(&self.source.events, p as u32).await {
-                Ok(end) => end,
+            // The end of the local log (embedded) or of its local cache (Kafka, written
+            // after every commit): no broker round trip per probe, which under load could
+            // wait for open transactions.
+            let end = match self.store.log_end(&self.source.events, p as u32) {
+                Ok(end) => end.max(applied),
                 Err(e) => {
                     tracing::warn!(view = self.name, partition = p, error = %e, "cannot read the source end offset");
                     applied
@@ -524,7 +528,6 @@ fn service<P: Projection>(
         unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
         indexes,
         store,
-        log: log.clone(),
         options: options.clone(),
         partitions,
     });
@@ -658,10 +661,8 @@ pub async fn rebuild<P: Projection>(
             };
             let n = worker.step(&source.events, max).await.map_err(failed)?;
             if n == 0 {
-                return Err(failed(format!(
-                    "{} ends at {end} but reading from {} returned nothing",
-                    source.events, worker.next
-                )));
+                // Only offsets without records are left (Kafka's transaction markers).
+                break;
             }
             applied += n as u64;
             progress(applied, total);
@@ -757,7 +758,20 @@ impl<P: Projection> Worker<P> {
                 progress.caught_up.store(true, Ordering::Release);
             }
             match self.step(&topic, self.svc.options.max_batch_events).await {
-                Ok(0) => {}
+                // Nothing left to read: caught up even if `next` is below the target, as
+                // in Kafka, where transaction markers take offsets but are never read.
+                Ok(0) => {
+                    if !progress.caught_up.load(Ordering::Relaxed) {
+                        tracing::debug!(
+                            view = P::VIEW,
+                            partition = self.partition,
+                            next = self.next,
+                            target,
+                            "view partition caught up"
+                        );
+                        progress.caught_up.store(true, Ordering::Release);
+                    }
+                }
                 Ok(_) => continue,
                 Err(e) => return self.fail(e),
             }
