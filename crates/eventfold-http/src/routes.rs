@@ -289,7 +289,7 @@ async fn healthz() -> axum::Json<serde_json::Value> {
 
 async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let parts = app.runtime.partitions();
-    let views = app.runtime.view_reports().await;
+    let views = app.runtime.view_reports();
     let not_ready: Vec<_> = parts.iter().filter(|p| p.state != PartitionState::Ready).collect();
     let views_not_ready: Vec<_> = views.iter().filter(|v| v.state != ViewState::Ready).collect();
     if not_ready.is_empty() && views_not_ready.is_empty() {

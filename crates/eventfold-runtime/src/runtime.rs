@@ -163,10 +163,10 @@ impl RuntimeBuilder {
             versions.sort_by_key(|(v, _)| *v);
             let (target_version, target_starter) = versions.pop().expect("at least one version");
             let key = crate::view::serving_version_key(name);
-            let serving_version = store
+            let stored = store
                 .get_meta(&key)
-                .unwrap_or_else(|e| panic!("cannot read the serving version of view `{name}`: {e}"))
-                .map_or(1, |v| v as u32);
+                .unwrap_or_else(|e| panic!("cannot read the serving version of view `{name}`: {e}"));
+            let serving_version = stored.map_or(1, |v| v as u32);
             let target = target_starter(&log, &services, &self.view_options);
             let old = versions.into_iter().find(|(v, _)| *v == serving_version);
             let slot = match old {
@@ -197,7 +197,7 @@ impl RuntimeBuilder {
                         );
                         let old = crate::view::storage_name(name, serving_version);
                         tokio::spawn(commit_serving(store.clone(), key, target_version, Some(old)));
-                    } else if serving_version == 1 && store.get_meta(&key).ok().flatten().is_none() {
+                    } else if stored.is_none() {
                         tokio::spawn(commit_serving(store.clone(), key, target_version, None));
                     }
                     Arc::new(ViewSlot {
@@ -306,6 +306,13 @@ async fn switch_when_caught_up(
     loop {
         if new.is_ready() {
             break;
+        }
+        if new.has_failed() {
+            return tracing::error!(
+                view = new.name(),
+                version = new.version(),
+                "the new view version failed while building; the previous one keeps serving"
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -423,12 +430,12 @@ impl Runtime {
     }
 
     /// State, lag and position of every view, by name.
-    pub async fn view_reports(&self) -> Vec<ViewReport> {
+    pub fn view_reports(&self) -> Vec<ViewReport> {
         let mut out = Vec::with_capacity(self.inner.views.len());
         for slot in self.inner.views.values() {
-            let mut report = slot.serving().report().await;
+            let mut report = slot.serving().report();
             if let Some(b) = slot.building() {
-                report.building = Some(Box::new(b.report().await));
+                report.building = Some(Box::new(b.report()));
             }
             out.push(report);
         }

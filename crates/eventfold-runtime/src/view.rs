@@ -14,11 +14,17 @@
 //! **Readiness.** When a partition's worker starts, it takes the source's end offset as
 //! its catch-up target (like the restore barrier of the command path). Until it has
 //! applied that far (or a read finds nothing more: in Kafka, transaction markers take
-//! offsets that are never read) the partition is [`ViewState::CatchingUp`] (a new view, or one rebuilt
-//! from scratch, answers from a partial view meanwhile), then [`ViewState::Ready`] for
-//! good: the ordinary lag of a live view under load is reported, but does not flip
-//! readiness back (which would make `/readyz` flap under load). A stopped partition is
-//! [`ViewState::Failed`]. [`ViewService::report`] gives the state, lag and position.
+//! offsets that are never read) the partition is [`ViewState::CatchingUp`] (a new view,
+//! or one rebuilt from scratch, answers from a partial view meanwhile), then
+//! [`ViewState::Ready`] for good: the ordinary lag of a live view under load is reported,
+//! but does not flip readiness back (which would make `/readyz` flap under load). A
+//! stopped partition is [`ViewState::Failed`]. [`ViewService::report`] gives the state,
+//! lag and position.
+//!
+//! **Versions and rebuilds.** A view is stored under [`storage_name`] of its
+//! [`Projection::VERSION`], so two versions can live side by side while the runtime
+//! switches from one to the other (see `RuntimeBuilder::view`). [`rebuild`] rebuilds a
+//! view offline from offset 0.
 
 use crate::error::{Error, Result};
 use crate::service::{AggregateService, Topics};
@@ -310,6 +316,11 @@ impl ViewService {
         (0..self.partitions.len()).all(|p| self.state(p) == ViewState::Ready)
     }
 
+    /// Whether a partition has stopped.
+    pub fn has_failed(&self) -> bool {
+        (0..self.partitions.len()).any(|p| self.state(p) == ViewState::Failed)
+    }
+
     fn state(&self, p: usize) -> ViewState {
         let part = &self.partitions[p];
         if part.failure.lock().expect("not poisoned").is_some() {
@@ -323,7 +334,7 @@ impl ViewService {
 
     /// State, lag and position of the view (the lag against the local log, or in Kafka
     /// mode its local cache).
-    pub async fn report(&self) -> ViewReport {
+    pub fn report(&self) -> ViewReport {
         let mut report = ViewReport {
             view: self.name.to_owned(),
             state: ViewState::Ready,
