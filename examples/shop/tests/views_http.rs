@@ -801,6 +801,23 @@ fn readyz_reports_a_view_catching_up_then_ready() {
             orders,
             "every order applied"
         );
+        // Caught up once, ready for good: new writes the view has not applied yet (each
+        // read takes 100 ms here) show as lag, not as unreadiness.
+        let mut last = String::new();
+        for i in 0..10 {
+            last = s
+                .command(
+                    "order",
+                    &format!("new-{i}"),
+                    json!({"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"x","qty":1,"price_cents":5}]}),
+                )
+                .await;
+        }
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(view_of(&body, "late")["state"], "ready", "{body}");
+        let (st, _) = s.get(&format!("/v1/views/late/new-9?min_position={last}")).await;
+        assert_eq!(st, StatusCode::OK);
         drop(s.runtime);
     });
     phase2.shutdown_timeout(Duration::from_secs(5));
