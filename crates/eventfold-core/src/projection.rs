@@ -57,7 +57,10 @@ impl<E> Event<'_, E> {
 /// What a value of an index is: how a row's field is read and how a query value is parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IndexKind {
-    /// A JSON string, ordered by its UTF-8 bytes.
+    /// A JSON string, ordered by its UTF-8 bytes. Besides equality and ranges, a string
+    /// index answers prefix queries (`{name}_prefix=v`): its order-preserving encoding
+    /// makes "starts with" one key range, so every string index is a prefix index at no
+    /// extra cost.
     String,
     /// A JSON number (integer or float), ordered numerically.
     Number,
@@ -68,6 +71,7 @@ pub enum IndexKind {
 
 /// A secondary index of a view. Every index answers equality (`{name}=v`) and range
 /// (`{name}_gte`, `{name}_lt`) queries in both orders: its stored encoding preserves order.
+/// String indexes also answer prefix queries (`{name}_prefix`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Index {
     /// Query name, e.g. `customer_id`.
@@ -301,6 +305,11 @@ pub trait Projection: Default + Send + Sync + 'static {
     /// The view name used in URLs and storage, e.g. `orders`. Stable: renaming it starts
     /// an empty view.
     const VIEW: &'static str;
+    /// The version of what the projection stores: bump it when `apply` or `indexes`
+    /// change. A new version is built **side by side** from the start of the log while
+    /// the previous one, if its projection is still registered, keeps serving; queries
+    /// switch once the new one has caught up, and the old data is removed.
+    const VERSION: u32 = 1;
     /// The aggregate type whose events this projection reads.
     type Source: Aggregate;
     /// The secondary indexes of the view.

@@ -72,6 +72,7 @@ impl From<Error> for ApiError {
             Error::Log(_) => (StatusCode::INTERNAL_SERVER_ERROR, "commit_failed", None),
             Error::UnknownView(_) => (StatusCode::NOT_FOUND, "unknown_view", None),
             Error::ViewBehind { .. } => (StatusCode::GATEWAY_TIMEOUT, "view_behind", None),
+            Error::ViewFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "view_failed", None),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal", None),
         };
         if status.is_server_error() {

@@ -10,12 +10,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use eventfold_core::Outcome;
-use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Runtime};
+use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Runtime, ViewState};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -288,22 +289,29 @@ async fn healthz() -> axum::Json<serde_json::Value> {
 
 async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let parts = app.runtime.partitions();
+    let views = app.runtime.view_reports();
     let not_ready: Vec<_> = parts.iter().filter(|p| p.state != PartitionState::Ready).collect();
-    if not_ready.is_empty() {
-        return Ok(axum::Json(json!({"ready": true, "partitions": parts.len()})));
+    let views_not_ready: Vec<_> = views.iter().filter(|v| v.state != ViewState::Ready).collect();
+    if not_ready.is_empty() && views_not_ready.is_empty() {
+        return Ok(axum::Json(
+            json!({"ready": true, "partitions": parts.len(), "views": views}),
+        ));
     }
     let restoring = not_ready
         .iter()
         .filter(|p| p.state == PartitionState::Restoring)
         .count();
     let failed = not_ready.len() - restoring;
-    let mut err = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "not_ready",
-        format!("{restoring} partitions restoring, {failed} failed, of {}", parts.len()),
-    );
+    let mut message = format!("{restoring} partitions restoring, {failed} failed, of {}", parts.len());
+    for v in &views_not_ready {
+        let _ = match v.state {
+            ViewState::Failed => write!(message, "; view `{}` failed", v.view),
+            _ => write!(message, "; view `{}` catching up ({} events behind)", v.view, v.lag),
+        };
+    }
+    let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message);
     err.retry_after = Some(Duration::from_secs(1));
-    err.extra = Some(json!({"partitions": not_ready}));
+    err.extra = Some(json!({"partitions": not_ready, "views": views}));
     Err(err)
 }
 

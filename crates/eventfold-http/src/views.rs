@@ -4,12 +4,14 @@
 //! - `GET /v1/views/{view}?...` -> `{rows: [{key, value}], next_cursor}`.
 //!
 //! Query parameters: `{index}=v` (equality), `{index}_gte=v`, `{index}_lt=v` (half-open
-//! range), `order=asc|desc` (default `asc`), `order_by={index}`, `limit` (1..=1000, default
-//! 20), `cursor` (the `next_cursor` of the previous page), `min_position` (a command's
-//! `position`: wait until the view has applied it). Conditions may name several indexes:
-//! one **drives** the scan and gives the order (`order_by`, else the index with a range,
-//! else the first one named), the others filter the rows it yields. Rows come ordered by
-//! (driving value, key); without any condition or `order_by`, by key.
+//! range), `{index}_prefix=v` (string indexes: values starting with `v`, by UTF-8 bytes;
+//! may be combined with `_gte`/`_lt` on the same index), `order=asc|desc` (default `asc`),
+//! `order_by={index}`, `limit` (1..=1000, default 20), `cursor` (the `next_cursor` of the
+//! previous page), `min_position` (a command's `position`: wait until the view has
+//! applied it). Conditions may name several indexes: one **drives** the scan and gives the
+//! order (`order_by`, else the first index with a range or prefix, else the first one
+//! named), the others filter the rows it yields. Rows come ordered by (driving value,
+//! key); without any condition or `order_by`, by key.
 //!
 //! A cursor is opaque and URL-safe; it names the driving index, the order and the position
 //! of the last row examined, so the next page starts right after it (rows written since
@@ -22,7 +24,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use eventfold_core::Position;
+use eventfold_core::{IndexKind, Position};
 use eventfold_runtime::{Condition, ViewService};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -35,7 +37,7 @@ pub const MAX_LIMIT: usize = 1000;
 
 const CURSOR_V1: u8 = 1;
 
-fn view<'a>(app: &'a App, name: &str) -> Result<&'a Arc<ViewService>, ApiError> {
+fn view(app: &App, name: &str) -> Result<Arc<ViewService>, ApiError> {
     app.runtime.view(name).map_err(|_| {
         let known: Vec<_> = app.runtime.view_names().collect();
         ApiError::new(
@@ -82,7 +84,7 @@ pub(crate) async fn get_row(
             }
         }
     }
-    barrier(&app, v, min_position.as_deref()).await?;
+    barrier(&app, &v, min_position.as_deref()).await?;
     match v.get(&key)? {
         Some(value) => Ok(axum::Json(json!({"key": key, "value": value}))),
         None => Err(ApiError::new(
@@ -160,28 +162,43 @@ fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiEr
                     (i, "_gte")
                 } else if let Some(i) = name.strip_suffix("_lt").filter(|i| v.index(i).is_some()) {
                     (i, "_lt")
+                } else if let Some(i) = name.strip_suffix("_prefix").filter(|i| v.index(i).is_some()) {
+                    (i, "_prefix")
                 } else {
                     return Err(unknown_index(v, name));
                 };
                 let idx = v.index(index).expect("checked above");
-                let value = idx
-                    .parse(&val)
-                    .map_err(|e| ApiError::bad_request("invalid_value", format!("parameter `{name}`: {e}")))?;
                 let c = p.conditions.entry(index.to_owned()).or_default();
-                match op {
-                    "" => {
-                        c.eq = Some(value);
-                        first_eq.get_or_insert_with(|| index.to_owned());
+                if op == "_prefix" {
+                    if idx.kind != IndexKind::String {
+                        return Err(ApiError::bad_request(
+                            "unsupported_condition",
+                            format!(
+                                "parameter `{name}`: index `{index}` holds {} values; `_prefix` applies to string indexes only",
+                                kind_name(idx.kind)
+                            ),
+                        ));
                     }
-                    "_gte" => c.gte = Some(value),
-                    _ => c.lt = Some(value),
+                    c.prefix = Some(val);
+                } else {
+                    let value = idx
+                        .parse(&val)
+                        .map_err(|e| ApiError::bad_request("invalid_value", format!("parameter `{name}`: {e}")))?;
+                    match op {
+                        "" => c.eq = Some(value),
+                        "_gte" => c.gte = Some(value),
+                        _ => c.lt = Some(value),
+                    }
                 }
-                if !op.is_empty() {
+                // A prefix is a range of the index (one key range), so it may drive a scan.
+                if op.is_empty() {
+                    first_eq.get_or_insert_with(|| index.to_owned());
+                } else {
                     first_range.get_or_insert_with(|| index.to_owned());
                 }
-                if c.eq.is_some() && (c.gte.is_some() || c.lt.is_some()) {
+                if c.eq.is_some() && (c.gte.is_some() || c.lt.is_some() || c.prefix.is_some()) {
                     return Err(conflict(format!(
-                        "`{index}` is given both as an equality and as a range; use one"
+                        "`{index}` is given both as an equality and as a range or prefix; use one"
                     )));
                 }
             }
@@ -191,12 +208,24 @@ fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiEr
     Ok(p)
 }
 
+fn kind_name(kind: IndexKind) -> &'static str {
+    match kind {
+        IndexKind::String => "string",
+        IndexKind::Number => "number",
+        IndexKind::Timestamp => "timestamp",
+    }
+}
+
 fn unknown_index(v: &ViewService, name: &str) -> ApiError {
-    let known: Vec<_> = v.indexes().iter().map(|i| i.name).collect();
+    let known: Vec<_> = v
+        .indexes()
+        .iter()
+        .map(|i| format!("{} ({})", i.name, kind_name(i.kind)))
+        .collect();
     ApiError::bad_request(
         "unknown_index",
         format!(
-            "view `{}` has no index or parameter `{name}`; indexes: {} (each also as `<index>_gte` and `<index>_lt`); parameters: order, order_by, limit, cursor, min_position",
+            "view `{}` has no index or parameter `{name}`; indexes: {} (each also as `<index>_gte` and `<index>_lt`, string indexes as `<index>_prefix`); parameters: order, order_by, limit, cursor, min_position",
             v.name(),
             known.join(", ")
         ),
@@ -237,13 +266,13 @@ pub(crate) async fn query(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let v = view(&app, &name)?;
-    let p = parse(v, pairs(query)?)?;
+    let p = parse(&v, pairs(query)?)?;
     let after = p
         .cursor
         .as_deref()
         .map(|c| decode_cursor(c, p.order_by.as_deref(), p.descending))
         .transpose()?;
-    barrier(&app, v, p.min_position.as_deref()).await?;
+    barrier(&app, &v, p.min_position.as_deref()).await?;
     let q = eventfold_runtime::Query {
         order_by: p.order_by.clone(),
         conditions: p.conditions,

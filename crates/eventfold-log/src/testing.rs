@@ -71,3 +71,50 @@ impl Log for GatedLog {
         self.inner.committed_offset(group, topic, partition).await
     }
 }
+
+/// Wraps a log so that every `read` first sleeps `delay`: a consumer that reads in small
+/// batches (a view catching up with a small `max_batch_events`) then takes long enough to
+/// be observed mid-way. Everything else goes straight to the inner log.
+pub struct SlowReads {
+    inner: Arc<dyn Log>,
+    delay: std::time::Duration,
+}
+
+impl SlowReads {
+    /// Reads of `inner` delayed by `delay` each.
+    pub fn new(inner: Arc<dyn Log>, delay: std::time::Duration) -> Self {
+        Self { inner, delay }
+    }
+}
+
+#[async_trait]
+impl Log for SlowReads {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn partitions(&self) -> u32 {
+        self.inner.partitions()
+    }
+    fn store(&self) -> &Store {
+        self.inner.store()
+    }
+    fn commit(&self, unit: CommitUnit) -> CommitFuture {
+        self.inner.commit(unit)
+    }
+    async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.read(topic, partition, from, max).await
+    }
+    async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        self.inner.end_offset(topic, partition).await
+    }
+    fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+    fn store_is_cache(&self) -> bool {
+        self.inner.store_is_cache()
+    }
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        self.inner.committed_offset(group, topic, partition).await
+    }
+}

@@ -65,6 +65,13 @@ pub enum Error {
         position: String,
         failures: Vec<String>,
     },
+    /// A view partition could not apply its source (500); the view stops there.
+    #[error("view `{view}` partition {partition} stopped: {reason}")]
+    ViewFailed {
+        view: String,
+        partition: u32,
+        reason: String,
+    },
 }
 
 /// Result alias of eventfold-runtime.

@@ -25,4 +25,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
 pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};
-pub use view::{Condition, Query, QueryPage, ViewOptions, ViewService};
+pub use view::{
+    Condition, Query, QueryPage, RebuildStats, ViewOptions, ViewPartitionReport, ViewReport, ViewService, ViewState,
+};

@@ -5,12 +5,12 @@ use crate::error::{Error, Result};
 use crate::metrics::AggregateMetrics;
 use crate::processor::{PartitionShared, Processor, ProcessorConfig};
 use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
-use crate::view::{ViewOptions, ViewService};
+use crate::view::{ViewOptions, ViewReport, ViewService};
 use eventfold_core::{Aggregate, Projection};
 use eventfold_log::Log;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 
@@ -68,19 +68,42 @@ pub struct RuntimeBuilder {
     options: RuntimeOptions,
     clock: Arc<dyn Clock>,
     starters: Vec<(&'static str, Starter)>,
-    views: Vec<(&'static str, ViewStarter)>,
+    views: Vec<(&'static str, u32, ViewStarter)>,
     view_options: ViewOptions,
+}
+
+/// The versions of one view: the one answering queries and, during a side-by-side
+/// rebuild, the newer one being built.
+struct ViewSlot {
+    serving: RwLock<Arc<ViewService>>,
+    building: RwLock<Option<Arc<ViewService>>>,
+}
+
+impl ViewSlot {
+    fn serving(&self) -> Arc<ViewService> {
+        self.serving.read().expect("not poisoned").clone()
+    }
+
+    fn building(&self) -> Option<Arc<ViewService>> {
+        self.building.read().expect("not poisoned").clone()
+    }
 }
 
 impl RuntimeBuilder {
     /// Registers the view of projection `P` (its source aggregate type must be registered
     /// too, before `build`).
+    ///
+    /// Several versions of one view ([`Projection::VERSION`]) may be registered during a
+    /// migration: the newest is built side by side while the one stored as serving keeps
+    /// answering, and queries switch when the newest has caught up (see `build`).
     pub fn view<P: Projection>(mut self) -> Self {
         assert!(
-            self.views.iter().all(|(n, _)| *n != P::VIEW),
-            "view `{}` registered twice",
-            P::VIEW
+            self.views.iter().all(|(n, v, _)| (*n, *v) != (P::VIEW, P::VERSION)),
+            "view `{}` version {} registered twice",
+            P::VIEW,
+            P::VERSION
         );
+        assert!(P::VERSION >= 1, "view `{}`: versions start at 1", P::VIEW);
         eventfold_store::Store::check_key("view name", P::VIEW).expect("view names must be valid keys");
         let starter: ViewStarter = Box::new(|log, services, options| {
             let source = <P::Source as Aggregate>::TYPE;
@@ -92,7 +115,7 @@ impl RuntimeBuilder {
             });
             crate::view::start::<P>(log, svc, options)
         });
-        self.views.push((P::VIEW, starter));
+        self.views.push((P::VIEW, P::VERSION, starter));
         self
     }
 
@@ -127,9 +150,63 @@ impl RuntimeBuilder {
         for (name, starter) in self.starters {
             services.insert(name.to_owned(), starter(&log, &self.options, &self.clock));
         }
+        // Per view: the newest registered version is the target; the version stored as
+        // serving (1 when none is stored: views before versions) keeps answering while
+        // the target builds, if its projection is registered too.
+        let mut by_name: BTreeMap<&'static str, Vec<(u32, ViewStarter)>> = BTreeMap::new();
+        for (name, version, starter) in self.views {
+            by_name.entry(name).or_default().push((version, starter));
+        }
+        let store = log.store().clone();
         let mut views = BTreeMap::new();
-        for (name, starter) in self.views {
-            views.insert(name.to_owned(), starter(&log, &services, &self.view_options));
+        for (name, mut versions) in by_name {
+            versions.sort_by_key(|(v, _)| *v);
+            let (target_version, target_starter) = versions.pop().expect("at least one version");
+            let key = crate::view::serving_version_key(name);
+            let stored = store
+                .get_meta(&key)
+                .unwrap_or_else(|e| panic!("cannot read the serving version of view `{name}`: {e}"));
+            let serving_version = stored.map_or(1, |v| v as u32);
+            let target = target_starter(&log, &services, &self.view_options);
+            let old = versions.into_iter().find(|(v, _)| *v == serving_version);
+            let slot = match old {
+                Some((_, old_starter)) if serving_version != target_version => {
+                    tracing::info!(
+                        view = name,
+                        from = serving_version,
+                        to = target_version,
+                        "building a new view version side by side"
+                    );
+                    let old = old_starter(&log, &services, &self.view_options);
+                    let slot = Arc::new(ViewSlot {
+                        serving: RwLock::new(old.clone()),
+                        building: RwLock::new(Some(target.clone())),
+                    });
+                    tokio::spawn(switch_when_caught_up(store.clone(), slot.clone(), old, target));
+                    slot
+                }
+                _ => {
+                    // The target serves at once (catching up if it is new). Data of the
+                    // serving version, if another, is no longer reachable: remove it.
+                    if serving_version != target_version {
+                        tracing::info!(
+                            view = name,
+                            from = serving_version,
+                            to = target_version,
+                            "previous view version not registered; the new one serves while it catches up"
+                        );
+                        let old = crate::view::storage_name(name, serving_version);
+                        tokio::spawn(commit_serving(store.clone(), key, target_version, Some(old)));
+                    } else if stored.is_none() {
+                        tokio::spawn(commit_serving(store.clone(), key, target_version, None));
+                    }
+                    Arc::new(ViewSlot {
+                        serving: RwLock::new(target),
+                        building: RwLock::new(None),
+                    })
+                }
+            };
+            views.insert(name.to_owned(), slot);
         }
         Runtime {
             inner: Arc::new(Inner {
@@ -196,9 +273,79 @@ fn start<A: Aggregate>(
     })
 }
 
+/// Records `version` as the serving version of a view (durably) and removes the data
+/// stored under `remove`, if any.
+async fn commit_serving(store: eventfold_store::Store, key: String, version: u32, remove: Option<String>) {
+    let result = tokio::task::spawn_blocking(move || -> eventfold_store::Result<u64> {
+        let mut b = eventfold_store::Batch::new();
+        b.put_meta(&key, u64::from(version));
+        store.commit(b, true)?;
+        match remove {
+            Some(storage) => store.clear_view(&storage, 10_000),
+            None => Ok(0),
+        }
+    })
+    .await;
+    match result {
+        Ok(Ok(n)) if n > 0 => tracing::info!(removed = n, "previous view version removed"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "cannot record the serving view version"),
+        Err(e) => tracing::error!(error = %e, "serving-version task failed"),
+    }
+}
+
+/// Waits until `new` has caught up, then makes it the serving version: recorded durably
+/// first (a restart serves it too), then queries switch; the old version's workers stop
+/// and its data is removed. If `new` fails, the old one keeps serving.
+async fn switch_when_caught_up(
+    store: eventfold_store::Store,
+    slot: Arc<ViewSlot>,
+    old: Arc<ViewService>,
+    new: Arc<ViewService>,
+) {
+    loop {
+        if new.is_ready() {
+            break;
+        }
+        if new.has_failed() {
+            return tracing::error!(
+                view = new.name(),
+                version = new.version(),
+                "the new view version failed while building; the previous one keeps serving"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let key = crate::view::serving_version_key(new.name());
+    let version = new.version();
+    let mut b = eventfold_store::Batch::new();
+    b.put_meta(&key, u64::from(version));
+    let s = store.clone();
+    match tokio::task::spawn_blocking(move || s.commit(b, true)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return tracing::error!(view = new.name(), error = %e, "cannot switch view versions"),
+        Err(e) => return tracing::error!(view = new.name(), error = %e, "switch task failed"),
+    }
+    *slot.serving.write().expect("not poisoned") = new.clone();
+    *slot.building.write().expect("not poisoned") = None;
+    tracing::info!(
+        view = new.name(),
+        from = old.version(),
+        to = version,
+        "view switched to the new version"
+    );
+    old.retire().await;
+    let storage = old.storage().to_owned();
+    match tokio::task::spawn_blocking(move || store.clear_view(&storage, 10_000)).await {
+        Ok(Ok(n)) => tracing::info!(view = new.name(), removed = n, "previous view version removed"),
+        Ok(Err(e)) => tracing::error!(view = new.name(), error = %e, "cannot remove the previous view version"),
+        Err(e) => tracing::error!(view = new.name(), error = %e, "removal task failed"),
+    }
+}
+
 struct Inner {
     services: BTreeMap<String, Arc<dyn AggregateService>>,
-    views: BTreeMap<String, Arc<ViewService>>,
+    views: BTreeMap<String, Arc<ViewSlot>>,
     log: Arc<dyn Log>,
     options: RuntimeOptions,
 }
@@ -242,12 +389,18 @@ impl Runtime {
         self.inner.services.keys().map(String::as_str)
     }
 
-    /// The view `name`.
-    pub fn view(&self, name: &str) -> Result<&Arc<ViewService>> {
+    /// The view `name`: the version that answers queries now.
+    pub fn view(&self, name: &str) -> Result<Arc<ViewService>> {
         self.inner
             .views
             .get(name)
+            .map(|slot| slot.serving())
             .ok_or_else(|| Error::UnknownView(name.to_owned()))
+    }
+
+    /// The newer version of view `name` being built side by side, if any.
+    pub fn view_building(&self, name: &str) -> Option<Arc<ViewService>> {
+        self.inner.views.get(name).and_then(|slot| slot.building())
     }
 
     /// Names of the registered views.
@@ -270,9 +423,23 @@ impl Runtime {
         self.inner.services.values().flat_map(|s| s.partitions()).collect()
     }
 
-    /// Whether every partition has restored (and none failed).
+    /// Whether every partition has restored and every view caught up (and none failed).
     pub fn is_ready(&self) -> bool {
         self.partitions().iter().all(|p| p.state == PartitionState::Ready)
+            && self.inner.views.values().all(|v| v.serving().is_ready())
+    }
+
+    /// State, lag and position of every view, by name.
+    pub fn view_reports(&self) -> Vec<ViewReport> {
+        let mut out = Vec::with_capacity(self.inner.views.len());
+        for slot in self.inner.views.values() {
+            let mut report = slot.serving().report();
+            if let Some(b) = slot.building() {
+                report.building = Some(Box::new(b.report()));
+            }
+            out.push(report);
+        }
+        out
     }
 
     /// Waits until every partition is out of `Restoring` (or `timeout` passes).
@@ -360,13 +527,15 @@ impl Runtime {
                 p.aggregate, p.partition, p.queued
             );
         }
-        let (mut applied, mut conflicts) = (String::new(), String::new());
-        for v in self.inner.views.values() {
-            v.render_metrics(&mut applied, &mut conflicts);
+        let (mut applied, mut up, mut conflicts) = (String::new(), String::new(), String::new());
+        for slot in self.inner.views.values() {
+            slot.serving().render_metrics(&mut applied, &mut up, &mut conflicts);
         }
         if !applied.is_empty() {
             out.push_str("# HELP eventfold_view_applied_offset Next source offset a view partition will apply.\n# TYPE eventfold_view_applied_offset gauge\n");
             out.push_str(&applied);
+            out.push_str("# HELP eventfold_view_up Whether a view partition has caught up (1), catches up (0) or failed (-1).\n# TYPE eventfold_view_up gauge\n");
+            out.push_str(&up);
         }
         if !conflicts.is_empty() {
             out.push_str("# HELP eventfold_view_unique_conflicts_total Rows not indexed because another row holds the unique value.\n# TYPE eventfold_view_unique_conflicts_total counter\n");

@@ -10,21 +10,37 @@
 //! Each partition publishes the offset it has applied, so a query carrying a
 //! [`Position`] can wait (bounded) until the view has applied every mark of its source
 //! topic: read-your-writes.
+//!
+//! **Readiness.** When a partition's worker starts, it takes the source's end offset as
+//! its catch-up target (like the restore barrier of the command path). Until it has
+//! applied that far (or a read finds nothing more: in Kafka, transaction markers take
+//! offsets that are never read) the partition is [`ViewState::CatchingUp`] (a new view,
+//! or one rebuilt from scratch, answers from a partial view meanwhile), then
+//! [`ViewState::Ready`] for good: the ordinary lag of a live view under load is reported,
+//! but does not flip readiness back (which would make `/readyz` flap under load). A
+//! stopped partition is [`ViewState::Failed`]. [`ViewService::report`] gives the state,
+//! lag and position.
+//!
+//! **Versions and rebuilds.** A view is stored under [`storage_name`] of its
+//! [`Projection::VERSION`], so two versions can live side by side while the runtime
+//! switches from one to the other (see `RuntimeBuilder::view`). [`rebuild`] rebuilds a
+//! view offline from offset 0.
 
 use crate::error::{Error, Result};
 use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::projection::{Event, RowReader};
-use eventfold_core::{Aggregate, Index, IndexValue, Position, Projection, Record, ViewChanges};
+use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, ViewChanges};
 use eventfold_log::Log;
-use eventfold_store::{Batch, Scan, Store, encode_value, view_checkpoint_key};
+use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
+use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -55,7 +71,8 @@ impl Default for ViewOptions {
     }
 }
 
-/// A condition of a query on one index: equality or a half-open range.
+/// A condition of a query on one index: equality, a half-open range, a string prefix
+/// (string indexes only), or a prefix within a range.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Condition {
     /// Value must equal this.
@@ -64,6 +81,8 @@ pub struct Condition {
     pub gte: Option<IndexValue>,
     /// Value must be below this.
     pub lt: Option<IndexValue>,
+    /// Value must be a string starting with this (by UTF-8 bytes, case-sensitive).
+    pub prefix: Option<String>,
 }
 
 /// A view query: one index drives the scan (and the order); conditions on other indexes
@@ -95,11 +114,77 @@ pub struct QueryPage {
 struct PartitionProgress {
     applied: watch::Sender<u64>,
     failure: Mutex<Option<String>>,
+    /// Set once the worker has applied the source up to its end offset at start.
+    caught_up: AtomicBool,
+    /// That end offset (`u64::MAX` until the worker has read it).
+    target: AtomicU64,
+}
+
+/// Readiness of a view (or of one of its partitions); see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViewState {
+    /// Applying the events that were in the source when the view started.
+    CatchingUp,
+    /// Caught up once; follows the source live.
+    Ready,
+    /// Stopped after an error (see `error`); restart the service after fixing the cause.
+    Failed,
+}
+
+/// One partition of a view, as `/readyz` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewPartitionReport {
+    /// Source partition.
+    pub partition: u32,
+    /// Readiness.
+    pub state: ViewState,
+    /// Next source offset to apply.
+    pub applied: u64,
+    /// The source's end offset now (of the local log; in Kafka mode of its local cache).
+    pub end: u64,
+    /// Events not applied yet (`end - applied`).
+    pub lag: u64,
+    /// The catch-up target (the source's end when the view started), once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
+    /// Why it stopped, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The state of a view: the worst state of its partitions, the total lag, the position it
+/// has applied, and the partitions that are not ready.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewReport {
+    /// View name.
+    pub view: String,
+    /// `failed` if a partition failed, else `catching_up` if one catches up, else `ready`.
+    pub state: ViewState,
+    /// Events of the source not applied yet, over all partitions.
+    pub lag: u64,
+    /// What the view has applied, as a position token (compare with a command's).
+    pub position: String,
+    /// The partitions that are not ready (empty when the view is ready).
+    pub partitions: Vec<ViewPartitionReport>,
+    /// The projection version answering queries.
+    pub version: u32,
+    /// A newer version being built side by side (queries switch to it once it is
+    /// ready).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub building: Option<Box<ViewReport>>,
 }
 
 /// The query face of one view. Cheap to share (`Arc`).
 pub struct ViewService {
     name: &'static str,
+    /// The projection's version, and the name its rows, entries and checkpoints are
+    /// stored under ([`storage_name`]).
+    version: u32,
+    storage: String,
+    /// Set when a newer version took over: the workers stop.
+    retired: AtomicBool,
+    workers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     source: Topics,
     indexes: Vec<Index>,
     store: Store,
@@ -135,6 +220,26 @@ impl ViewService {
     /// The view name.
     pub fn name(&self) -> &str {
         self.name
+    }
+
+    /// The projection version this service holds.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The name its data is stored under ([`storage_name`]).
+    pub fn storage(&self) -> &str {
+        &self.storage
+    }
+
+    /// Stops the workers (a newer version took over) and waits for them to finish their
+    /// current batch.
+    pub(crate) async fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        let handles = std::mem::take(&mut *self.workers.lock().expect("not poisoned"));
+        for h in handles {
+            let _ = h.await;
+        }
     }
 
     /// The declared indexes.
@@ -206,12 +311,81 @@ impl ViewService {
         })
     }
 
+    /// Whether every partition has caught up (and none failed).
+    pub fn is_ready(&self) -> bool {
+        (0..self.partitions.len()).all(|p| self.state(p) == ViewState::Ready)
+    }
+
+    /// Whether a partition has stopped.
+    pub fn has_failed(&self) -> bool {
+        (0..self.partitions.len()).any(|p| self.state(p) == ViewState::Failed)
+    }
+
+    fn state(&self, p: usize) -> ViewState {
+        let part = &self.partitions[p];
+        if part.failure.lock().expect("not poisoned").is_some() {
+            ViewState::Failed
+        } else if part.caught_up.load(Ordering::Acquire) {
+            ViewState::Ready
+        } else {
+            ViewState::CatchingUp
+        }
+    }
+
+    /// State, lag and position of the view (the lag against the local log, or in Kafka
+    /// mode its local cache).
+    pub fn report(&self) -> ViewReport {
+        let mut report = ViewReport {
+            view: self.name.to_owned(),
+            state: ViewState::Ready,
+            lag: 0,
+            position: self.position().encode(),
+            partitions: Vec::new(),
+            version: self.version,
+            building: None,
+        };
+        for (p, part) in self.partitions.iter().enumerate() {
+            let applied = *part.applied.borrow();
+            // The end of the local log (embedded) or of its local cache (Kafka, written
+            // after every commit): no broker round trip per probe, which under load could
+            // wait for open transactions.
+            let end = match self.store.log_end(&self.source.events, p as u32) {
+                Ok(end) => end.max(applied),
+                Err(e) => {
+                    tracing::warn!(view = self.name, partition = p, error = %e, "cannot read the source end offset");
+                    applied
+                }
+            };
+            let state = self.state(p);
+            let lag = end.saturating_sub(applied);
+            report.lag += lag;
+            report.state = match (report.state, state) {
+                (ViewState::Failed, _) | (_, ViewState::Failed) => ViewState::Failed,
+                (ViewState::CatchingUp, _) | (_, ViewState::CatchingUp) => ViewState::CatchingUp,
+                _ => ViewState::Ready,
+            };
+            if state != ViewState::Ready {
+                let target = part.target.load(Ordering::Acquire);
+                report.partitions.push(ViewPartitionReport {
+                    partition: p as u32,
+                    state,
+                    applied,
+                    end,
+                    lag,
+                    target: (target != u64::MAX).then_some(target),
+                    error: part.failure.lock().expect("not poisoned").clone(),
+                });
+            }
+        }
+        report
+    }
+
     /// Row `key`, if present.
     pub fn get(&self, key: &str) -> Result<Option<Box<RawValue>>> {
         if key.is_empty() || key.len() > eventfold_core::projection::MAX_ROW_KEY_BYTES {
             return Ok(None);
         }
-        match self.store.get_view_row(self.name, key)? {
+        match self.store.get_view_row(&self.storage, key)? {
             Some(json) => raw_json(self.name, key, json).map(Some),
             None => Ok(None),
         }
@@ -221,6 +395,16 @@ impl ViewService {
     pub fn query(&self, query: &Query) -> Result<QueryPage> {
         let unknown = |name: &str| Error::BadRequest(format!("view `{}` has no index `{name}`", self.name));
         let enc = |v: &Option<IndexValue>| v.as_ref().map(encode_value);
+        for (name, c) in &query.conditions {
+            let idx = self.index(name).ok_or_else(|| unknown(name))?;
+            if c.prefix.is_some() && idx.kind != IndexKind::String {
+                return Err(Error::BadRequest(format!(
+                    "index `{name}` of view `{}` holds {:?} values; a prefix applies to string indexes",
+                    self.name, idx.kind
+                )));
+            }
+        }
+        let enc_prefix = |c: &Condition| c.prefix.as_deref().map(encode_prefix);
         let mut scan = Scan {
             descending: query.descending,
             limit: query.limit,
@@ -234,6 +418,7 @@ impl ViewService {
                 scan.eq = enc(&c.eq);
                 scan.gte = enc(&c.gte);
                 scan.lt = enc(&c.lt);
+                scan.prefix = enc_prefix(c);
             }
         }
         let mut filters = Vec::new();
@@ -242,7 +427,7 @@ impl ViewService {
                 continue;
             }
             let idx = self.index(name).ok_or_else(|| unknown(name))?;
-            filters.push((idx, enc(&c.eq), enc(&c.gte), enc(&c.lt)));
+            filters.push((idx, enc(&c.eq), enc(&c.gte), enc(&c.lt), enc_prefix(c)));
         }
         let mut filter = |_key: &str, json: &[u8]| -> bool {
             if filters.is_empty() {
@@ -251,7 +436,7 @@ impl ViewService {
             let Ok(doc) = serde_json::from_slice::<Value>(json) else {
                 return false;
             };
-            filters.iter().all(|(idx, eq, gte, lt)| {
+            filters.iter().all(|(idx, eq, gte, lt, prefix)| {
                 let Ok(Some(v)) = idx.extract(&doc) else {
                     return false;
                 };
@@ -259,11 +444,12 @@ impl ViewService {
                 eq.as_ref().is_none_or(|e| v == *e)
                     && gte.as_ref().is_none_or(|g| v >= *g)
                     && lt.as_ref().is_none_or(|l| v < *l)
+                    && prefix.as_ref().is_none_or(|p| v.starts_with(p))
             })
         };
         let page = self
             .store
-            .scan_view(self.name, query.order_by.as_deref(), &scan, &mut filter)?;
+            .scan_view(&self.storage, query.order_by.as_deref(), &scan, &mut filter)?;
         let rows = page
             .rows
             .into_iter()
@@ -273,7 +459,15 @@ impl ViewService {
     }
 
     /// Prometheus lines of this view.
-    pub(crate) fn render_metrics(&self, applied: &mut String, conflicts: &mut String) {
+    pub(crate) fn render_metrics(&self, applied: &mut String, up: &mut String, conflicts: &mut String) {
+        for p in 0..self.partitions.len() {
+            let v = match self.state(p) {
+                ViewState::Ready => 1,
+                ViewState::CatchingUp => 0,
+                ViewState::Failed => -1,
+            };
+            let _ = writeln!(up, "eventfold_view_up{{view=\"{}\",partition=\"{p}\"}} {v}", self.name);
+        }
         for (p, part) in self.partitions.iter().enumerate() {
             let _ = writeln!(
                 applied,
@@ -296,12 +490,13 @@ impl ViewService {
     }
 }
 
-/// Starts the processors of projection `P` over the source service `source`.
-pub(crate) fn start<P: Projection>(
+/// Builds the query side of projection `P` over the source topics `source`, from the
+/// stored checkpoints; returns it with the projection and each partition's next offset.
+fn service<P: Projection>(
     log: &Arc<dyn Log>,
-    source: &Arc<dyn AggregateService>,
+    source: Topics,
     options: &ViewOptions,
-) -> Arc<ViewService> {
+) -> (Arc<ViewService>, Arc<P>, Vec<u64>) {
     let projection = Arc::new(P::default());
     let indexes = projection.indexes();
     for (i, idx) in indexes.iter().enumerate() {
@@ -318,29 +513,84 @@ pub(crate) fn start<P: Projection>(
         );
     }
     let store = log.store().clone();
-    let topic = source.topics().events.clone();
+    let storage = storage_name(P::VIEW, P::VERSION);
     let mut partitions = Vec::new();
     let mut starts = Vec::new();
     for p in 0..log.partitions() {
         let from = store
-            .get_meta(&view_checkpoint_key(P::VIEW, &topic, p))
+            .get_meta(&view_checkpoint_key(&storage, &source.events, p))
             .unwrap_or_else(|e| panic!("cannot read the checkpoint of view `{}`: {e}", P::VIEW))
             .unwrap_or(0);
         partitions.push(PartitionProgress {
             applied: watch::Sender::new(from),
             failure: Mutex::new(None),
+            caught_up: AtomicBool::new(false),
+            target: AtomicU64::new(u64::MAX),
         });
         starts.push(from);
     }
     let svc = Arc::new(ViewService {
         name: P::VIEW,
-        source: source.topics().clone(),
+        version: P::VERSION,
+        storage,
+        retired: AtomicBool::new(false),
+        workers: Mutex::new(Vec::new()),
+        source,
         unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
         indexes,
         store,
         options: options.clone(),
         partitions,
     });
+    (svc, projection, starts)
+}
+
+/// The name a view's rows, index entries and checkpoints are stored under: the view name
+/// for version 1 (what views were stored under before versions existed), `<view>@v<n>`
+/// for later versions, so two versions can live side by side.
+pub fn storage_name(view: &str, version: u32) -> String {
+    match version {
+        1 => view.to_owned(),
+        v => format!("{view}@v{v}"),
+    }
+}
+
+/// The meta entry holding the version of `view` that answers queries.
+pub fn serving_version_key(view: &str) -> String {
+    format!("view_version/{view}")
+}
+
+/// The meta entry present while a rebuild of the view stored as `storage` is under way
+/// (or was interrupted): a view with this marker is not served (its partitions are
+/// `failed`).
+pub fn rebuild_marker_key(storage: &str) -> String {
+    format!("rebuild/{storage}")
+}
+
+/// Starts the processors of projection `P` over the source service `source`.
+pub(crate) fn start<P: Projection>(
+    log: &Arc<dyn Log>,
+    source: &Arc<dyn AggregateService>,
+    options: &ViewOptions,
+) -> Arc<ViewService> {
+    let (svc, projection, starts) = service::<P>(log, source.topics().clone(), options);
+    // A rebuild that did not finish left the view half cleared: serving it (or building
+    // on it) would be wrong, so its partitions stop until the rebuild is run again.
+    match log.store().get_meta(&rebuild_marker_key(&svc.storage)) {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            let reason = format!(
+                "a rebuild of view `{}` was interrupted; run the rebuild again before serving it",
+                P::VIEW
+            );
+            tracing::error!(view = P::VIEW, %reason, "view not started");
+            for part in &svc.partitions {
+                *part.failure.lock().expect("not poisoned") = Some(reason.clone());
+            }
+            return svc;
+        }
+        Err(e) => panic!("cannot read the rebuild marker of view `{}`: {e}", P::VIEW),
+    }
     for (p, from) in starts.into_iter().enumerate() {
         let worker = Worker {
             projection: projection.clone(),
@@ -350,9 +600,95 @@ pub(crate) fn start<P: Projection>(
             partitions: log.partitions(),
             next: from,
         };
-        tokio::spawn(worker.run(source.subscribe()));
+        let handle = tokio::spawn(worker.run(source.subscribe()));
+        svc.workers.lock().expect("not poisoned").push(handle);
     }
     svc
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Default)]
+pub struct RebuildStats {
+    /// Entries removed before the rebuild (rows, index entries, checkpoints).
+    pub cleared: u64,
+    /// Source events applied.
+    pub events: u64,
+    /// Rows the view holds afterwards.
+    pub rows: u64,
+    /// Rows left out of a unique index because another row held the value.
+    pub unique_conflicts: u64,
+    /// Time the rebuild took (clearing included).
+    pub elapsed: Duration,
+}
+
+/// Rebuilds the view of projection `P` from its source events in `log`, from offset 0 of
+/// every partition: clears the view's rows, index entries and checkpoints, then applies
+/// the events up to the end offsets taken at the start, in batches of
+/// `options.max_batch_events`, each committed with its checkpoint like a live view.
+/// `progress(applied, total)` is called after each batch.
+///
+/// Nothing else may write the view meanwhile: run it while the service is stopped (the
+/// store's lock makes a second process fail to open it). A durable marker is written
+/// first and removed last, so an interrupted rebuild is noticed: the service refuses to
+/// serve that view until a rebuild completes.
+pub async fn rebuild<P: Projection>(
+    log: Arc<dyn Log>,
+    app_id: &str,
+    options: &ViewOptions,
+    progress: &mut (dyn FnMut(u64, u64) + Send),
+) -> Result<RebuildStats> {
+    let started = std::time::Instant::now();
+    let source = Topics::new(app_id, <P::Source as Aggregate>::TYPE);
+    let store = log.store().clone();
+    let storage = storage_name(P::VIEW, P::VERSION);
+    let marker = rebuild_marker_key(&storage);
+    let mut b = Batch::new();
+    b.put_meta(&marker, 1);
+    store.commit(b, true)?;
+    let cleared = store.clear_view(&storage, 10_000)?;
+    let (svc, projection, _) = service::<P>(&log, source.clone(), options);
+    let mut ends = Vec::new();
+    for p in 0..log.partitions() {
+        ends.push(log.end_offset(&source.events, p).await?);
+    }
+    let total: u64 = ends.iter().sum();
+    let mut applied = 0;
+    progress(0, total);
+    for (p, end) in ends.into_iter().enumerate() {
+        let mut worker = Worker {
+            projection: projection.clone(),
+            svc: svc.clone(),
+            log: log.clone(),
+            partition: p as u32,
+            partitions: log.partitions(),
+            next: 0,
+        };
+        while worker.next < end {
+            let max = options.max_batch_events.min((end - worker.next) as usize);
+            let failed = |reason: String| Error::ViewFailed {
+                view: P::VIEW.to_owned(),
+                partition: p as u32,
+                reason,
+            };
+            let n = worker.step(&source.events, max).await.map_err(failed)?;
+            if n == 0 {
+                // Only offsets without records are left (Kafka's transaction markers).
+                break;
+            }
+            applied += n as u64;
+            progress(applied, total);
+        }
+    }
+    let mut b = Batch::new();
+    b.delete_meta(&marker);
+    store.commit(b, true)?;
+    Ok(RebuildStats {
+        cleared,
+        events: applied,
+        rows: store.count_view_rows(&storage)?,
+        unique_conflicts: svc.unique_conflicts.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
+        elapsed: started.elapsed(),
+    })
 }
 
 struct Worker<P: Projection> {
@@ -411,46 +747,83 @@ struct Pending {
 impl<P: Projection> Worker<P> {
     async fn run(mut self, mut wake: broadcast::Receiver<(Arc<str>, u64)>) {
         let topic = self.svc.source.events.clone();
+        // The catch-up target: the source's end now (see the module docs on readiness).
+        let target = match self.log.end_offset(&topic, self.partition).await {
+            Ok(end) => end,
+            Err(e) => return self.fail(format!("cannot read the end of {topic}/{}: {e}", self.partition)),
+        };
+        let svc = self.svc.clone();
+        let progress = &svc.partitions[self.partition as usize];
+        progress.target.store(target, Ordering::Release);
         loop {
-            let records = match self
-                .log
-                .read(&topic, self.partition, self.next, self.svc.options.max_batch_events)
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => return self.fail(format!("cannot read {topic}/{}: {e}", self.partition)),
-            };
-            if records.is_empty() {
-                tokio::select! {
-                    closed = self.wait_for_own_partition(&mut wake) => {
-                        if closed {
-                            // The source is gone (shutdown); keep polling at the slow pace.
-                            tokio::time::sleep(self.svc.options.poll_interval).await;
-                        }
-                        tokio::time::sleep(self.svc.options.linger).await;
-                        while wake.try_recv().is_ok() {}
-                    }
-                    _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
-                }
-                continue;
+            if svc.retired.load(Ordering::Acquire) {
+                return;
             }
-            let next = records.last().map(|(o, _)| o + 1).expect("not empty");
-            match self.apply(&topic, &records, next) {
-                Ok(batch) => {
-                    // The write may wait for the store's journal (held during the command
-                    // path's fsync): never on a runtime worker.
-                    let store = self.log.store().clone();
-                    match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => return self.fail(format!("cannot commit: {e}")),
-                        Err(e) => return self.fail(format!("commit task failed: {e}")),
+            if self.next >= target && !progress.caught_up.load(Ordering::Relaxed) {
+                tracing::debug!(
+                    view = P::VIEW,
+                    partition = self.partition,
+                    target,
+                    "view partition caught up"
+                );
+                progress.caught_up.store(true, Ordering::Release);
+            }
+            match self.step(&topic, self.svc.options.max_batch_events).await {
+                // Nothing left to read: caught up even if `next` is below the target, as
+                // in Kafka, where transaction markers take offsets but are never read.
+                Ok(0) => {
+                    if !progress.caught_up.load(Ordering::Relaxed) {
+                        tracing::debug!(
+                            view = P::VIEW,
+                            partition = self.partition,
+                            next = self.next,
+                            target,
+                            "view partition caught up"
+                        );
+                        progress.caught_up.store(true, Ordering::Release);
                     }
                 }
+                Ok(_) => continue,
                 Err(e) => return self.fail(e),
             }
-            self.next = next;
-            self.svc.partitions[self.partition as usize].applied.send_replace(next);
+            tokio::select! {
+                closed = self.wait_for_own_partition(&mut wake) => {
+                    if closed {
+                        // The source is gone (shutdown); keep polling at the slow pace.
+                        tokio::time::sleep(self.svc.options.poll_interval).await;
+                    }
+                    tokio::time::sleep(self.svc.options.linger).await;
+                    while wake.try_recv().is_ok() {}
+                }
+                _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
+            }
         }
+    }
+
+    /// Reads up to `max` source events from the checkpoint, applies them and commits the
+    /// rows, index entries and next offset in one batch, then publishes the new offset.
+    /// Returns how many events it applied (0: none there yet).
+    async fn step(&mut self, topic: &str, max: usize) -> Result<usize, String> {
+        let records = self
+            .log
+            .read(topic, self.partition, self.next, max)
+            .await
+            .map_err(|e| format!("cannot read {topic}/{}: {e}", self.partition))?;
+        let Some(next) = records.last().map(|(o, _)| o + 1) else {
+            return Ok(0);
+        };
+        let batch = self.apply(topic, &records, next)?;
+        // The write may wait for the store's journal (held during the command path's
+        // fsync): never on a runtime worker.
+        let store = self.log.store().clone();
+        match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("cannot commit: {e}")),
+            Err(e) => return Err(format!("commit task failed: {e}")),
+        }
+        self.next = next;
+        self.svc.partitions[self.partition as usize].applied.send_replace(next);
+        Ok(records.len())
     }
 
     /// Waits for a commit notification that concerns this worker's partition (a lag
@@ -477,7 +850,7 @@ impl<P: Projection> Worker<P> {
     /// Applies `records` and returns the store batch: rows, index entries, checkpoint.
     fn apply(&self, topic: &str, records: &[(u64, Record)], next: u64) -> Result<Batch, String> {
         let store = self.log.store();
-        let view = P::VIEW;
+        let view = self.svc.storage.as_str();
         let mut pending = Pending::default();
         for (offset, record) in records {
             let at = || format!("{topic}/{}@{offset}", self.partition);
@@ -541,7 +914,7 @@ impl<P: Projection> Worker<P> {
         let store = self.log.store();
         let old = match pending.rows.get(key) {
             Some(v) => v.clone(),
-            None => load_row(store, P::VIEW, key)?,
+            None => load_row(store, &self.svc.storage, key)?,
         };
         for (i, idx) in self.svc.indexes.iter().enumerate() {
             // A value of the wrong type is not indexed (the same rule for old and new rows,
@@ -565,7 +938,7 @@ impl<P: Projection> Worker<P> {
             let entry = |v: &[u8]| (i, v.to_vec(), if idx.unique { String::new() } else { key.to_owned() });
             if let Some(v) = was {
                 if idx.unique {
-                    if owner(store, pending, P::VIEW, idx, i, &v)?.as_deref() == Some(key) {
+                    if owner(store, pending, &self.svc.storage, idx, i, &v)?.as_deref() == Some(key) {
                         pending.entries.insert(entry(&v), None);
                         pending.owners.insert((i, v), None);
                     }
@@ -575,7 +948,7 @@ impl<P: Projection> Worker<P> {
             }
             if let Some(v) = now {
                 if idx.unique {
-                    match owner(store, pending, P::VIEW, idx, i, &v)? {
+                    match owner(store, pending, &self.svc.storage, idx, i, &v)? {
                         Some(other) if other != key => {
                             self.svc.unique_conflicts[i].fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(

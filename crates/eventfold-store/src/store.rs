@@ -318,6 +318,11 @@ impl Batch {
     pub fn put_meta(&mut self, name: &str, value: u64) {
         self.put(Table::Meta, name.as_bytes().to_vec(), frame(&value.to_le_bytes()));
     }
+
+    /// Removes the checkpoint or offset `name`.
+    pub fn delete_meta(&mut self, name: &str) {
+        self.delete(Table::Meta, name.as_bytes().to_vec());
+    }
 }
 
 impl Store {
@@ -517,6 +522,12 @@ impl Store {
             Ok(x)
         };
         decode().map(Some).map_err(|e| corrupt(Table::Meta, name.as_bytes(), e))
+    }
+
+    /// Makes every write so far durable (fsync of the journal).
+    pub fn sync(&self) -> Result<()> {
+        self.db.persist(PersistMode::SyncData)?;
+        Ok(())
     }
 
     /// A consistent read view across all tables.

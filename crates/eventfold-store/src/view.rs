@@ -10,6 +10,10 @@
 //! - strings: tag `0x30`, the UTF-8 bytes with `0x00` escaped as `0x00 0xFF`, then the
 //!   terminator `0x00 0x01`, which sorts before any continuation (so `"a" < "a\0" < "ab"`)
 //!   and makes encodings prefix-free (no value's encoding starts another's).
+//!
+//! The escaping works byte by byte, so the encoding of a string `s + t` starts with
+//! [`encode_prefix`]`(s)` (the tag and escaped bytes of `s`, without the terminator), and
+//! only such strings' encodings do: a string prefix query is a key range too.
 
 use crate::codec::{frame, unframe};
 use crate::store::{Batch, Store, Table, corrupt, key2};
@@ -27,18 +31,25 @@ pub fn encode_value(v: &IndexValue) -> Vec<u8> {
         IndexValue::Int(i) => number(*i as f64, *i),
         IndexValue::Float(f) => number(*f, 0),
         IndexValue::String(s) => {
-            let mut out = Vec::with_capacity(s.len() + 3);
-            out.push(TAG_STRING);
-            for &b in s.as_bytes() {
-                out.push(b);
-                if b == 0 {
-                    out.push(0xFF);
-                }
-            }
+            let mut out = encode_prefix(s);
             out.extend_from_slice(&[0x00, 0x01]);
             out
         }
     }
+}
+
+/// Encodes a string prefix: the encoding of every string value that starts with `prefix`
+/// (and of no other value) starts with these bytes (see the module docs).
+pub fn encode_prefix(prefix: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 3);
+    out.push(TAG_STRING);
+    for &b in prefix.as_bytes() {
+        out.push(b);
+        if b == 0 {
+            out.push(0xFF);
+        }
+    }
+    out
 }
 
 fn number(f: f64, exact: i128) -> Vec<u8> {
@@ -132,6 +143,8 @@ pub struct Scan {
     pub gte: Option<Vec<u8>>,
     /// Entries with a value below this encoded value.
     pub lt: Option<Vec<u8>>,
+    /// Only entries whose encoded value starts with this (from [`encode_prefix`]).
+    pub prefix: Option<Vec<u8>>,
     /// Continue strictly after this position (from [`Page::next`]).
     pub after: Option<Vec<u8>>,
     /// Highest values first.
@@ -173,6 +186,52 @@ impl Store {
         }
     }
 
+    /// Deletes every row, index entry and checkpoint of `view`, in batches of at most
+    /// `max_batch` keys (a large view is not one huge batch); returns how many keys were
+    /// deleted. Not atomic as a whole: callers mark the view as being rebuilt first.
+    pub fn clear_view(&self, view: &str, max_batch: usize) -> Result<u64> {
+        check_name("view", view)?;
+        let max_batch = max_batch.max(1);
+        let checkpoints = format!("view/{view}/").into_bytes();
+        let mut deleted = 0;
+        // Checkpoints first: should this stop half way, a view with no checkpoint is
+        // rebuilt from the start rather than trusted.
+        for (table, prefix) in [
+            (Table::Meta, checkpoints),
+            (Table::ViewIndex, key2(view.as_bytes(), b"")),
+            (Table::ViewRow, key2(view.as_bytes(), b"")),
+        ] {
+            // One pass over a snapshot: re-reading the prefix after each batch would walk
+            // over the tombstones of the batches before (quadratic in the view's size).
+            let snapshot = self.snapshot();
+            let end = prefix_end(&prefix);
+            let mut b = Batch::with_capacity(max_batch);
+            for kv in snapshot.range(self.table(table), prefix..end) {
+                b.delete(table, kv.key()?.to_vec());
+                deleted += 1;
+                if b.len() >= max_batch {
+                    self.commit(std::mem::replace(&mut b, Batch::with_capacity(max_batch)), false)?;
+                }
+            }
+            self.commit(b, false)?;
+        }
+        // One fsync for all: a crash before it loses some deletes, which the caller's
+        // marker covers (the clear is repeated).
+        self.sync()?;
+        Ok(deleted)
+    }
+
+    /// How many rows `view` holds (a full scan of its rows' keys).
+    pub fn count_view_rows(&self, view: &str) -> Result<u64> {
+        check_name("view", view)?;
+        let mut n = 0;
+        for kv in self.table(Table::ViewRow).prefix(key2(view.as_bytes(), b"")) {
+            kv.key()?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// The row key holding `value` in the unique `index` of `view`.
     pub fn get_view_unique(&self, view: &str, index: &str, value: &[u8]) -> Result<Option<String>> {
         let k = entry_key(view, index, value, "", true);
@@ -208,6 +267,12 @@ impl Store {
                 None => decode_string(v).unwrap_or_else(|| v.to_vec()),
             }
         };
+        let raw_prefix = |v: &[u8]| -> Vec<u8> {
+            match index {
+                Some(_) => v.to_vec(),
+                None => v.strip_prefix(&[TAG_STRING]).map_or_else(|| v.to_vec(), unescape),
+            }
+        };
         let with_prefix = |v: &[u8]| {
             let mut k = prefix.clone();
             k.extend_from_slice(v);
@@ -221,6 +286,11 @@ impl Store {
             }
             None => (prefix.clone(), prefix_end(&prefix)),
         };
+        if let Some(p) = &scan.prefix {
+            let k = with_prefix(&raw_prefix(p));
+            end = end.min(prefix_end(&k));
+            start = start.max(k);
+        }
         if let Some(g) = &scan.gte {
             start = start.max(with_prefix(&raw(g)));
         }
@@ -300,13 +370,18 @@ fn decode_key(k: &[u8], v: &[u8]) -> Result<String> {
 /// The raw bytes of an encoded string value (row scans bound keys by their raw bytes).
 fn decode_string(v: &[u8]) -> Option<Vec<u8>> {
     let body = v.strip_prefix(&[TAG_STRING])?.strip_suffix(&[0x00, 0x01])?;
+    Some(unescape(body))
+}
+
+/// Undoes the `0x00 -> 0x00 0xFF` escaping of string bytes.
+fn unescape(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len());
     let mut i = 0;
     while i < body.len() {
         out.push(body[i]);
         i += if body[i] == 0 { 2 } else { 1 };
     }
-    Some(out)
+    out
 }
 
 #[cfg(test)]
@@ -465,7 +540,7 @@ mod tests {
                 descending,
                 limit: rng.random_range(1..40),
                 max_scanned: 1000,
-                after: None,
+                ..Default::default()
             };
             let got = all(&s, "v", Some("n"), scan);
             let want: Vec<String> = expected.into_iter().map(|(_, k)| k).collect();
@@ -482,6 +557,116 @@ mod tests {
             },
         );
         assert_eq!(keys, model.keys().cloned().collect::<Vec<_>>());
+    }
+
+    fn random_text(rng: &mut impl Rng, max: usize) -> String {
+        let alphabet = ["\0", "\u{1}", "a", "b", "\u{ff}", "é", "\u{10ffff}"];
+        let n = rng.random_range(0..=max);
+        (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())]).collect()
+    }
+
+    /// Property: a string value's encoding starts with a prefix's encoding exactly when the
+    /// string starts with the prefix (so a prefix query is one key range), and no number
+    /// encoding does.
+    #[test]
+    fn prefix_encoding_matches_starts_with() {
+        let mut rng = rand::rng();
+        for _ in 0..50_000 {
+            let (s, p) = (random_text(&mut rng, 5), random_text(&mut rng, 3));
+            let enc = encode_value(&IndexValue::String(s.clone()));
+            assert_eq!(enc.starts_with(&encode_prefix(&p)), s.starts_with(&p), "{s:?} / {p:?}");
+            assert!(!encode_value(&random_number(&mut rng)).starts_with(&encode_prefix(&p)));
+        }
+    }
+
+    /// A model check of prefix scans, alone and with range bounds, in both orders and page
+    /// by page, on an index (values) and on the rows (keys).
+    #[test]
+    fn prefix_scans_match_a_model() {
+        let (_dir, s) = temp();
+        let mut rng = rand::rng();
+        let mut model = std::collections::BTreeMap::new();
+        let mut b = Batch::new();
+        for i in 0..300 {
+            let key = format!("{}#{i}", random_text(&mut rng, 3));
+            let v = random_text(&mut rng, 4);
+            b.put_view_row("v", &key, b"{}");
+            b.put_view_entry("v", "s", &encode_value(&IndexValue::String(v.clone())), &key, false);
+            model.insert(key, v);
+        }
+        // A neighbouring index whose values would match must not leak in.
+        b.put_view_entry("v", "s2", &encode_value(&IndexValue::String("a".into())), "x", false);
+        s.commit(b, false).unwrap();
+        let enc = |v: &str| encode_value(&IndexValue::String(v.into()));
+        for _ in 0..200 {
+            let prefix = random_text(&mut rng, 2);
+            let gte = rng.random_bool(0.3).then(|| random_text(&mut rng, 3));
+            let lt = rng.random_bool(0.3).then(|| random_text(&mut rng, 3));
+            let descending = rng.random();
+            let in_range = |v: &String| {
+                v.starts_with(&prefix)
+                    && gte.as_ref().is_none_or(|g| v.as_bytes() >= g.as_bytes())
+                    && lt.as_ref().is_none_or(|l| v.as_bytes() < l.as_bytes())
+            };
+            let scan = Scan {
+                prefix: Some(encode_prefix(&prefix)),
+                gte: gte.as_deref().map(enc),
+                lt: lt.as_deref().map(enc),
+                descending,
+                limit: rng.random_range(1..20),
+                max_scanned: 1000,
+                ..Default::default()
+            };
+            // Index: by (value bytes, key).
+            let mut want: Vec<(Vec<u8>, String)> = model
+                .iter()
+                .filter(|(_, v)| in_range(v))
+                .map(|(k, v)| (v.as_bytes().to_vec(), k.clone()))
+                .collect();
+            want.sort();
+            if descending {
+                want.reverse();
+            }
+            let want: Vec<String> = want.into_iter().map(|(_, k)| k).collect();
+            let got = all(&s, "v", Some("s"), scan.clone());
+            assert_eq!(got, want, "prefix {prefix:?} gte {gte:?} lt {lt:?} desc {descending}");
+            // Rows: by key.
+            let mut want: Vec<String> = model.keys().filter(|k| in_range(k)).cloned().collect();
+            if descending {
+                want.reverse();
+            }
+            assert_eq!(all(&s, "v", None, scan), want, "key prefix {prefix:?}");
+        }
+    }
+
+    /// Clearing a view removes its rows, entries and checkpoints in small batches, and
+    /// nothing of a view whose name it prefixes.
+    #[test]
+    fn clear_view_removes_exactly_that_view() {
+        let (_dir, s) = temp();
+        let v = encode_value(&IndexValue::Int(1));
+        let mut b = Batch::new();
+        for view in ["v", "v2"] {
+            for i in 0..25 {
+                let key = format!("k{i}");
+                b.put_view_row(view, &key, b"{}");
+                b.put_view_entry(view, "n", &v, &key, false);
+            }
+            b.put_meta(&view_checkpoint_key(view, "t", 0), 25);
+        }
+        s.commit(b, false).unwrap();
+        assert_eq!(s.clear_view("v", 7).unwrap(), 25 + 25 + 1);
+        assert_eq!(s.count_view_rows("v").unwrap(), 0);
+        assert_eq!(s.get_meta(&view_checkpoint_key("v", "t", 0)).unwrap(), None);
+        let scan = Scan {
+            limit: 100,
+            max_scanned: 100,
+            ..Default::default()
+        };
+        assert!(all(&s, "v", Some("n"), scan.clone()).is_empty());
+        assert_eq!(s.count_view_rows("v2").unwrap(), 25);
+        assert_eq!(all(&s, "v2", Some("n"), scan).len(), 25);
+        assert_eq!(s.get_meta(&view_checkpoint_key("v2", "t", 0)).unwrap(), Some(25));
     }
 
     #[test]

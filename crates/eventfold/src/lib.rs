@@ -1,10 +1,12 @@
 //! eventfold: event-sourced services on Apache Kafka or an embedded log.
 //!
 //! This facade re-exports the crates a service needs; the `eventfold` binary is the ops
-//! CLI (load generator, ...).
+//! CLI (load generator, ...); [`rebuild`] is the offline view rebuild service binaries
+//! expose as a subcommand.
 
 pub mod load;
 pub mod load_topic;
+pub mod rebuild;
 
 pub use eventfold_core as core;
 pub use eventfold_http as http;

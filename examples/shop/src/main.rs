@@ -25,6 +25,27 @@ struct Cli {
 enum Command {
     /// Serve the HTTP API (the default when no subcommand is given).
     Serve,
+    /// Operate on the views in the data directory (the service must be stopped).
+    Views {
+        #[command(subcommand)]
+        command: ViewsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ViewsCommand {
+    /// Rebuild a view from the event log: clear its rows, indexes and checkpoints, then
+    /// apply every event again, with a progress bar; prints events/s at the end.
+    ///
+    /// Run it with the service stopped (the store allows one process) and with the same
+    /// --data-dir, --app-id and --partitions as the service. Embedded log only.
+    #[command(after_help = "Example:\n  shop views rebuild orders --data-dir /var/lib/shop")]
+    Rebuild {
+        /// The view: orders or customers.
+        view: String,
+        #[command(flatten)]
+        opts: ServeOptions,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,6 +60,13 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => rt.block_on(serve(cli.serve)),
+        Command::Views {
+            command: ViewsCommand::Rebuild { view, opts },
+        } => {
+            let stats = rt.block_on(shop::service::rebuild_view(&opts, &view))?;
+            println!("{}", eventfold::rebuild::summary(&view, &stats));
+            Ok(())
+        }
     }
 }
 

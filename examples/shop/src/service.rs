@@ -3,11 +3,13 @@
 use crate::domain::{Customer, Order, Payment, PaymentConfig};
 use crate::views::{CustomersView, OrdersView};
 use anyhow::{Context as _, bail};
+use eventfold::Projection;
 use eventfold::http::HttpOptions;
 use eventfold::log::Log;
 use eventfold::log::embedded::{self, EmbeddedLog};
 use eventfold::log::kafka::{KafkaLog, KafkaOptions};
-use eventfold::runtime::{Runtime, RuntimeOptions};
+use eventfold::rebuild::ProgressDrawTarget;
+use eventfold::runtime::{RebuildStats, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,6 +79,49 @@ impl ServeOptions {
                 .join("eventfold")
                 .join(format!("{}-kafka-{}", self.app_id, self.instance_id)),
         }
+    }
+}
+
+/// The names of the shop's views, for messages.
+pub const VIEWS: [&str; 2] = [OrdersView::VIEW, CustomersView::VIEW];
+
+/// Rebuilds view `name` from the embedded log in the data directory, with a progress bar
+/// on stderr (see `eventfold::rebuild`). The service must not be running on that
+/// directory.
+pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<RebuildStats> {
+    if !VIEWS.contains(&name) {
+        bail!("unknown view `{name}`; views: {}", VIEWS.join(", "));
+    }
+    if opts.kafka.is_some() {
+        bail!(
+            "views rebuild works on the embedded log; in Kafka mode stop the instance and delete its cache directory ({}) instead: it restores from the topics and rebuilds its views on start",
+            opts.data_dir().display()
+        );
+    }
+    let dir = opts.data_dir();
+    if !dir.exists() {
+        bail!("data directory {} does not exist", dir.display());
+    }
+    let store = Store::open(&dir, &StoreOptions::default()).with_context(|| {
+        format!(
+            "cannot open the store in {} (is the service still running on it?)",
+            dir.display()
+        )
+    })?;
+    let log: Arc<dyn Log> = Arc::new(EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: opts.partitions,
+            fsync: !opts.no_fsync,
+            ..Default::default()
+        },
+    )?);
+    let options = ViewOptions::default();
+    let draw = ProgressDrawTarget::stderr();
+    match name {
+        OrdersView::VIEW => eventfold::rebuild::run::<OrdersView>(log, &opts.app_id, &options, draw).await,
+        CustomersView::VIEW => eventfold::rebuild::run::<CustomersView>(log, &opts.app_id, &options, draw).await,
+        other => unreachable!("checked above: {other}"),
     }
 }
 

@@ -84,6 +84,32 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
         "versions 1..n per aggregate: {versions:?}"
     );
 
+    // The orders view follows the topic: every order confirmed (each partition's end is
+    // past its last record: transaction markers take offsets too), and the instance ready.
+    let confirmed = |url: &str, min: &str| -> usize {
+        let (st, b) = get(url, &format!("/v1/views/orders?status=confirmed&limit=100{min}"));
+        assert_eq!(st, 200, "{b}");
+        b["rows"].as_array().unwrap().len()
+    };
+    let pos = acked["confirm-9"].1["position"].as_str().unwrap().to_owned();
+    assert_eq!(confirmed(&url, &format!("&min_position={pos}")), 10);
+    let ready = |url: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (st, b) = get(url, "/readyz");
+            if st == 200 {
+                return b;
+            }
+            assert!(Instant::now() < deadline, "not ready: {b}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let b = ready(&url);
+    assert!(
+        b["views"].as_array().unwrap().iter().all(|v| v["state"] == "ready"),
+        "{b}"
+    );
+
     // SIGKILL, then a new instance on an EMPTY data directory: everything comes back
     // from the topics (I5).
     let states: Vec<Value> = (0..10)
@@ -92,6 +118,9 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
     drop(shop1);
     let dir2 = tempfile::tempdir().unwrap();
     let (_shop2, url, _) = start(dir2.path(), &flags);
+    // The views rebuild from the topics on the new machine: ready once caught up.
+    ready(&url);
+    assert_eq!(confirmed(&url, ""), 10, "the orders view rebuilt from the topic");
     for (i, before) in states.iter().enumerate() {
         let (st, now) = get(&url, &format!("/v1/aggregates/order/o-{i}"));
         assert_eq!(

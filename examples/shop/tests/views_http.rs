@@ -8,7 +8,8 @@ use eventfold::core::projection::Event;
 use eventfold::core::time::rfc3339_ms;
 use eventfold::http::HttpOptions;
 use eventfold::log::embedded::{self, EmbeddedLog};
-use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions};
+use eventfold::log::testing::SlowReads;
+use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
 use eventfold::{Index, Projection, ViewChanges};
 use rand::Rng;
@@ -435,6 +436,17 @@ async fn bad_parameters_are_400_with_error_and_message() {
         ("/v1/views/orders?min_position=nope", "invalid_position"),
         ("/v1/views/orders/o-1?min_position=nope", "invalid_position"),
         ("/v1/views/orders/o-1?status=placed", "unknown_parameter"),
+        ("/v1/views/orders?total_cents_prefix=1", "unsupported_condition"),
+        ("/v1/views/orders?placed_at_prefix=2024", "unsupported_condition"),
+        ("/v1/views/orders?colour_prefix=r", "unknown_index"),
+        (
+            "/v1/views/orders?status=placed&status_prefix=p",
+            "conflicting_parameters",
+        ),
+        (
+            "/v1/views/orders?status_prefix=p&status_prefix=c",
+            "conflicting_parameters",
+        ),
     ] {
         let (st, body) = s.get(q).await;
         assert_error(st, &body, StatusCode::BAD_REQUEST, code);
@@ -528,6 +540,567 @@ async fn customers_view_keeps_unique_emails_first_writer_wins() {
     assert_error(st, &body, StatusCode::NOT_FOUND, "row_not_found");
     let (_, body) = s.get("/v1/views/customers?email=b@x.test").await;
     assert!(keys(&body).is_empty(), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_indexes_answer_prefix_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut all = Position::default();
+    for (id, email) in [
+        ("c1", "ann@a.test"),
+        ("c2", "anna@b.test"),
+        ("c3", "bob@b.test"),
+        ("c4", "Ann@c.test"),
+        ("c5", "an@x.test"),
+        ("c6", "ann\u{0}@nul.test"),
+    ] {
+        let pos = s
+            .command(
+                "customer",
+                id,
+                json!({"type":"RegisterCustomer","name":"N","email":email}),
+            )
+            .await;
+        for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+            all.advance(topic, p, o);
+        }
+    }
+    for (customer, order) in [
+        ("c1", "o-1"),
+        ("c10", "o-2"),
+        ("c2", "o-3"),
+        ("c1", "o-4"),
+        ("c", "o-5"),
+    ] {
+        let pos = s
+            .command(
+                "order",
+                order,
+                json!({"type":"PlaceOrder","customer_id":customer,"items":[{"sku":"x","qty":1,"price_cents":5}]}),
+            )
+            .await;
+        for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+            all.advance(topic, p, o);
+        }
+    }
+    let mp = format!("min_position={}", all.encode());
+    // Rows come in value order (UTF-8 bytes, case-sensitive), a page at a time.
+    for (query, want) in [
+        ("customers?email_prefix=ann", vec!["c6", "c1", "c2"]),
+        ("customers?email_prefix=ann%40", vec!["c1"]),
+        ("customers?email_prefix=an", vec!["c5", "c6", "c1", "c2"]),
+        ("customers?email_prefix=an&order=desc", vec!["c2", "c1", "c6", "c5"]),
+        ("customers?email_prefix=ann&email_lt=anna", vec!["c6", "c1"]),
+        ("customers?email_prefix=ann&email_gte=ann%40", vec!["c1", "c2"]),
+        ("customers?email_prefix=A", vec!["c4"]),
+        ("customers?email_prefix=", vec!["c4", "c5", "c6", "c1", "c2", "c3"]),
+        ("customers?email_prefix=zz", vec![]),
+        // On a non-unique index, and as a filter while another index drives.
+        ("orders?customer_id_prefix=c1", vec!["o-1", "o-4", "o-2"]),
+        (
+            "orders?customer_id_prefix=c1&order_by=total_cents&order=desc",
+            vec!["o-4", "o-2", "o-1"],
+        ),
+        (
+            "orders?status=placed&customer_id_prefix=c",
+            vec!["o-5", "o-1", "o-4", "o-2", "o-3"],
+        ),
+    ] {
+        for limit in [1, 2, 100] {
+            let got = s
+                .all_pages(&format!("/v1/views/{query}&limit={limit}&{mp}"))
+                .await
+                .concat();
+            assert_eq!(got, want, "{query} limit {limit}");
+        }
+    }
+}
+
+/// A view that sees every order event; new in the second phase of the readiness test, so
+/// it starts from scratch over events that exist already.
+#[derive(Debug, Default)]
+struct LateView;
+
+impl Projection for LateView {
+    const VIEW: &'static str = "late";
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::number("version")]
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        view.upsert(event.aggregate_id, json!({"version": event.version}));
+    }
+}
+
+/// A view that stops on the order of customer `bad` (an empty row key is refused).
+#[derive(Debug, Default)]
+struct FailsOnBad;
+
+impl Projection for FailsOnBad {
+    const VIEW: &'static str = "fails_on_bad";
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        Vec::new()
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        match event.payload {
+            OrderEvent::OrderPlaced { customer_id, .. } if customer_id == "bad" => view.upsert("", json!({})),
+            _ => view.upsert(event.aggregate_id, json!({})),
+        }
+    }
+}
+
+/// Serves `runtime` on port 0 like [`start`].
+async fn serve(runtime: Runtime, clock: ManualClock) -> Server {
+    assert!(runtime.wait_restored(Duration::from_secs(10)).await);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let router = eventfold::http::router(runtime.clone(), HttpOptions::default());
+    tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
+    Server {
+        base,
+        client: reqwest::Client::new(),
+        clock,
+        runtime,
+    }
+}
+
+fn view_of<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["views"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no views in {body}"))
+        .iter()
+        .find(|v| v["view"] == name)
+        .unwrap_or_else(|| panic!("no view `{name}` in {body}"))
+}
+
+/// `/readyz` is 503 while a view catches up over the events that existed when it started
+/// (here a view added to a service with history), naming it with its lag, while a view
+/// restored from its checkpoint is ready; then 200 once it has caught up.
+#[test]
+fn readyz_reports_a_view_catching_up_then_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = 120;
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let phase1 = rt();
+    phase1.block_on(async {
+        let s = start(dir.path()).await;
+        let mut all = Position::default();
+        for i in 0..orders {
+            let pos = s
+                .command(
+                    "order",
+                    &format!("o-{i}"),
+                    json!({"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"x","qty":1,"price_cents":5}]}),
+                )
+                .await;
+            for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+                all.advance(topic, p, o);
+            }
+        }
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(view_of(&body, "orders")["state"], "ready", "{body}");
+        // Let the views apply everything, so they restart from a checkpoint at the end.
+        let (st, _) = s.get(&format!("/v1/views/orders?min_position={}", all.encode())).await;
+        assert_eq!(st, StatusCode::OK);
+        drop(s.runtime);
+    });
+    phase1.shutdown_timeout(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(200));
+
+    let phase2 = rt();
+    phase2.block_on(async {
+        let clock = ManualClock::at(T0);
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let log = EmbeddedLog::open(
+            store,
+            embedded::Options {
+                partitions: 4,
+                fsync: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // Each read of the new view's catch-up takes 100 ms and brings 4 events: about
+        // 30 events per partition take more than half a second.
+        let log = SlowReads::new(Arc::new(log), Duration::from_millis(100));
+        let runtime = Runtime::builder(RuntimeOptions {
+            app_id: "shop".into(),
+            ..Default::default()
+        })
+        .clock(Arc::new(clock.clone()))
+        .view_options(ViewOptions {
+            max_batch_events: 4,
+            ..Default::default()
+        })
+        .aggregate::<Order>(())
+        .aggregate::<Customer>(())
+        .view::<OrdersView>()
+        .view::<LateView>()
+        .build(Arc::new(log));
+        let s = serve(runtime, clock).await;
+        let (st, body) = s.get("/readyz").await;
+        assert_error(st, &body, StatusCode::SERVICE_UNAVAILABLE, "not_ready");
+        assert_eq!(
+            body["partitions"],
+            json!([]),
+            "every aggregate partition restored: {body}"
+        );
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains("view `late` catching up"), "{message}");
+        let late = view_of(&body, "late");
+        assert_eq!(late["state"], "catching_up", "{body}");
+        let lag = late["lag"].as_u64().unwrap();
+        assert!(lag > 0 && lag <= orders, "{body}");
+        let parts = late["partitions"].as_array().unwrap();
+        assert!(!parts.is_empty(), "{body}");
+        for p in parts {
+            assert_eq!(p["state"], "catching_up", "{body}");
+            assert!(p["end"].as_u64().unwrap() > p["applied"].as_u64().unwrap(), "{body}");
+            assert_eq!(p["target"], p["end"], "nothing written since the start: {body}");
+        }
+        let restored = view_of(&body, "orders");
+        assert_eq!(
+            (&restored["state"], &restored["lag"], &restored["partitions"]),
+            (&json!("ready"), &json!(0), &json!([])),
+            "restored from its checkpoint: {body}"
+        );
+        // Then ready, for good.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let body = loop {
+            let (st, body) = s.get("/readyz").await;
+            if st == StatusCode::OK {
+                break body;
+            }
+            assert!(Instant::now() < deadline, "the view never caught up: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(body["ready"], true);
+        for name in ["orders", "late"] {
+            let v = view_of(&body, name);
+            assert_eq!((&v["state"], &v["lag"]), (&json!("ready"), &json!(0)), "{body}");
+        }
+        let late = view_of(&body, "late");
+        let (st, rows) = s
+            .get(&format!(
+                "/v1/views/late?version=1&limit=1000&min_position={}",
+                late["position"].as_str().unwrap()
+            ))
+            .await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(
+            rows["rows"].as_array().unwrap().len() as u64,
+            orders,
+            "every order applied"
+        );
+        // Caught up once, ready for good: new writes the view has not applied yet (each
+        // read takes 100 ms here) show as lag, not as unreadiness.
+        let mut last = String::new();
+        for i in 0..10 {
+            last = s
+                .command(
+                    "order",
+                    &format!("new-{i}"),
+                    json!({"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"x","qty":1,"price_cents":5}]}),
+                )
+                .await;
+        }
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(view_of(&body, "late")["state"], "ready", "{body}");
+        let (st, _) = s.get(&format!("/v1/views/late/new-9?min_position={last}")).await;
+        assert_eq!(st, StatusCode::OK);
+        drop(s.runtime);
+    });
+    phase2.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// A view partition that stops makes `/readyz` 503, naming the view, the partition and
+/// the reason; the other views stay ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_failed_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at(T0);
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let log = EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: 4,
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let runtime = Runtime::builder(RuntimeOptions {
+        app_id: "shop".into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .aggregate::<Order>(())
+    .view::<OrdersView>()
+    .view::<FailsOnBad>()
+    .build(Arc::new(log));
+    let s = serve(runtime, clock).await;
+    let place = |c: &str| json!({"type":"PlaceOrder","customer_id":c,"items":[{"sku":"x","qty":1,"price_cents":5}]});
+    let pos = s.command("order", "o-good", place("good")).await;
+    let (st, _) = s
+        .get(&format!("/v1/views/fails_on_bad/o-good?min_position={pos}"))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, body) = s.get("/readyz").await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert_eq!(view_of(&body, "fails_on_bad")["state"], "ready", "{body}");
+    s.command("order", "o-bad", place("bad")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (st, body) = s.get("/readyz").await;
+        if st == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the view never failed: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(body["error"], "not_ready");
+    assert!(
+        body["message"].as_str().unwrap().contains("view `fails_on_bad` failed"),
+        "{body}"
+    );
+    let v = view_of(&body, "fails_on_bad");
+    assert_eq!(v["state"], "failed", "{body}");
+    let p = &v["partitions"][0];
+    assert_eq!(p["state"], "failed", "{body}");
+    assert!(p["error"].as_str().unwrap().contains("row key"), "{body}");
+    assert_eq!(view_of(&body, "orders")["state"], "ready", "{body}");
+    let metrics = s.client.get(format!("{}/metrics", s.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let line = format!(
+        "eventfold_view_up{{view=\"fails_on_bad\",partition=\"{}\"}} -1",
+        p["partition"]
+    );
+    assert!(metrics.contains(&line), "{line} in {metrics}");
+}
+
+/// A rebuild that did not finish (its marker is still in the store) leaves a half-cleared
+/// view: the service does not serve it, and `/readyz` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_rebuild_keeps_the_view_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let mut b = eventfold::store::Batch::new();
+        b.put_meta(&eventfold::runtime::view::rebuild_marker_key("orders"), 1);
+        store.commit(b, true).unwrap();
+    }
+    let s = start(dir.path()).await;
+    let (st, body) = s.get("/readyz").await;
+    assert_error(st, &body, StatusCode::SERVICE_UNAVAILABLE, "not_ready");
+    let orders = view_of(&body, "orders");
+    assert_eq!(orders["state"], "failed", "{body}");
+    let why = orders["partitions"][0]["error"].as_str().unwrap();
+    assert!(why.contains("rebuild of view `orders` was interrupted"), "{why}");
+    assert_eq!(view_of(&body, "customers")["state"], "ready", "{body}");
+}
+
+/// `order_totals` version 1: `{total}` per order.
+#[derive(Debug, Default)]
+struct TotalsV1;
+
+impl Projection for TotalsV1 {
+    const VIEW: &'static str = "order_totals";
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::number("total")]
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        if let OrderEvent::OrderPlaced { total_cents, .. } = event.payload {
+            view.upsert(event.aggregate_id, json!({"total": total_cents}));
+        }
+    }
+}
+
+/// `order_totals` version 2: another row shape and another index.
+#[derive(Debug, Default)]
+struct TotalsV2;
+
+impl Projection for TotalsV2 {
+    const VIEW: &'static str = "order_totals";
+    const VERSION: u32 = 2;
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::number("lines")]
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        if let OrderEvent::OrderPlaced { total_cents, items, .. } = event.payload {
+            view.upsert(
+                event.aggregate_id,
+                json!({"total_cents": total_cents, "lines": items.len()}),
+            );
+        }
+    }
+}
+
+/// A runtime over the store in `dir` with `register`ed views; reads take `slow` each.
+fn runtime_with(
+    dir: &Path,
+    clock: &ManualClock,
+    slow: Option<Duration>,
+    register: impl FnOnce(eventfold::runtime::RuntimeBuilder) -> eventfold::runtime::RuntimeBuilder,
+) -> Runtime {
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    let log = EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: 4,
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let log: Arc<dyn eventfold::log::Log> = match slow {
+        Some(d) => Arc::new(SlowReads::new(Arc::new(log), d)),
+        None => Arc::new(log),
+    };
+    let builder = Runtime::builder(RuntimeOptions {
+        app_id: "shop".into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .view_options(ViewOptions {
+        max_batch_events: 4,
+        ..Default::default()
+    })
+    .aggregate::<Order>(());
+    register(builder).build(log)
+}
+
+fn in_runtime(f: impl std::future::Future<Output = ()>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(f);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    // The store closes once every task holding it is gone.
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// A new projection version builds side by side while the old one keeps serving (and
+/// follows new events); queries switch once the new one has caught up, the old data is
+/// removed, and a restart with only the new version serves it at once.
+#[test]
+fn a_new_projection_version_builds_side_by_side_then_takes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = 60;
+    let place =
+        |i: usize| json!({"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"x","qty":1,"price_cents":10 + i}]});
+    in_runtime(async {
+        let clock = ManualClock::at(T0);
+        let s = serve(runtime_with(dir.path(), &clock, None, |b| b.view::<TotalsV1>()), clock).await;
+        let mut last = String::new();
+        for i in 0..orders {
+            last = s.command("order", &format!("o-{i}"), place(i)).await;
+        }
+        let (st, body) = s.get(&format!("/v1/views/order_totals/o-1?min_position={last}")).await;
+        assert_eq!((st, &body["value"]), (StatusCode::OK, &json!({"total": 11})));
+        // Let every partition apply everything, so version 1 restarts at the end.
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s
+            .runtime
+            .view("order_totals")
+            .unwrap()
+            .position()
+            .marks()
+            .map(|(_, _, o)| o)
+            .sum::<u64>()
+            < orders as u64
+        {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(s.runtime);
+    });
+
+    in_runtime(async {
+        let clock = ManualClock::at(T0 + HOUR);
+        let runtime = runtime_with(dir.path(), &clock, Some(Duration::from_millis(100)), |b| {
+            b.view::<TotalsV1>().view::<TotalsV2>()
+        });
+        let s = serve(runtime, clock).await;
+        // Version 1 answers, the instance is ready, version 2 builds.
+        let (st, body) = s.get("/v1/views/order_totals/o-1").await;
+        assert_eq!((st, &body["value"]), (StatusCode::OK, &json!({"total": 11})));
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "the old version serves: {body}");
+        let v = view_of(&body, "order_totals");
+        assert_eq!((&v["version"], &v["state"]), (&json!(1), &json!("ready")), "{body}");
+        assert_eq!(v["building"]["version"], 2, "{body}");
+        assert_eq!(v["building"]["state"], "catching_up", "{body}");
+        // The old version follows new events while the new one builds.
+        let pos = s.command("order", "o-new", place(1000)).await;
+        let (st, body) = s.get(&format!("/v1/views/order_totals/o-new?min_position={pos}")).await;
+        assert_eq!(
+            (st, &body["value"]),
+            (StatusCode::OK, &json!({"total": 1010})),
+            "{body}"
+        );
+        let (st, body) = s.get("/v1/views/order_totals?lines=1").await;
+        assert_error(st, &body, StatusCode::BAD_REQUEST, "unknown_index");
+        // Then version 2 takes over.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, body) = s.get("/v1/views/order_totals/o-1").await;
+            if body["value"] == json!({"total_cents": 11, "lines": 1}) {
+                break;
+            }
+            assert_eq!(body["value"], json!({"total": 11}), "one version or the other");
+            assert!(Instant::now() < deadline, "version 2 never took over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        let v = view_of(&body, "order_totals");
+        assert_eq!((&v["version"], &v["building"]), (&json!(2), &Value::Null), "{body}");
+        let got = s
+            .all_pages(&format!("/v1/views/order_totals?lines=1&limit=1000&min_position={pos}"))
+            .await
+            .concat();
+        assert_eq!(
+            got.len(),
+            orders + 1,
+            "every order, the one written during the build too"
+        );
+        // The old version's rows and entries are removed.
+        let store = s.runtime.log().store().clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.count_view_rows("order_totals").unwrap() > 0 {
+            assert!(Instant::now() < deadline, "version 1 data still there");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(store.count_view_rows("order_totals@v2").unwrap(), orders as u64 + 1);
+        drop(s.runtime);
+    });
+
+    in_runtime(async {
+        let clock = ManualClock::at(T0 + 2 * HOUR);
+        let s = serve(runtime_with(dir.path(), &clock, None, |b| b.view::<TotalsV2>()), clock).await;
+        let (st, body) = s.get("/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(view_of(&body, "order_totals")["version"], 2, "{body}");
+        let (_, body) = s.get("/v1/views/order_totals/o-new").await;
+        assert_eq!(body["value"], json!({"total_cents": 1010, "lines": 1}));
+        drop(s.runtime);
+    });
 }
 
 /// Views restore from their checkpoints: after a restart nothing is applied twice (the
