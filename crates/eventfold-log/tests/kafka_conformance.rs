@@ -466,3 +466,56 @@ async fn a_timed_out_commit_rebuilds_the_producer() {
         if landed.is_empty() { "was aborted" } else { "landed" }
     );
 }
+
+/// `follow` delivers committed records in offset order per partition, from the given
+/// starts, then live as they commit; records of an aborted transaction never appear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_sees_committed_records_in_order_then_live() {
+    let bootstrap = require_broker();
+    let prefix = format!("follow-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let log = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    let value = |p: u32, i: u32| format!("{p}-{i}").into_bytes();
+    let mut offsets = [Vec::new(), Vec::new()];
+    for i in 0..20 {
+        for p in 0..2u32 {
+            let receipt = log.commit(one(&t, p, value(p, i))).await.unwrap();
+            offsets[p as usize].push(receipt.offsets[0]);
+        }
+    }
+    // Partition 0 from its start, partition 1 from its 6th record.
+    let mut follower = log.follow(&t, &[(0, 0), (1, offsets[1][5])]).unwrap();
+    let mut got: [Vec<(u64, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
+    let mut collect = async |got: &mut [Vec<(u64, Vec<u8>)>; 2], want: [usize; 2]| {
+        while got[0].len() < want[0] || got[1].len() < want[1] {
+            let (p, records) = tokio::time::timeout(Duration::from_secs(20), follower.next())
+                .await
+                .expect("records arrive within 20 s")
+                .expect("the follower runs")
+                .expect("no error");
+            got[p as usize].extend(records.into_iter().map(|(o, r)| (o, r.value)));
+        }
+    };
+    collect(&mut got, [20, 15]).await;
+    let want = |p: u32, from: usize| -> Vec<(u64, Vec<u8>)> {
+        (from..20)
+            .map(|i| (offsets[p as usize][i], value(p, i as u32)))
+            .collect()
+    };
+    assert_eq!(got[0], want(0, 0), "partition 0 from offset 0, in order");
+    assert_eq!(got[1], want(1, 5), "partition 1 from its 6th record, in order");
+
+    // Live: an aborted transaction (a record the broker refuses takes its companion
+    // down) is never delivered; the next committed record is.
+    let mut bad = one(&t, 0, vec![b'x'; 2 << 20]);
+    bad.appends.push(one(&t, 0, b"aborted".to_vec()).appends.remove(0));
+    log.commit(bad)
+        .await
+        .expect_err("a 2 MB record is refused by the broker");
+    let later = log.commit(one(&t, 1, b"live".to_vec())).await.unwrap();
+    collect(&mut got, [20, 16]).await;
+    assert_eq!(got[1].last().unwrap(), &(later.offsets[0], b"live".to_vec()));
+    assert_eq!(got[0].len(), 20, "nothing of the aborted transaction");
+    assert!(got.iter().flatten().all(|(_, v)| v != b"aborted"));
+}
