@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::builder::StyledStr;
 use clap::builder::styling::Style;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use eventfold::load::{self, Ids, Limit, LoadOptions, Preset};
-use eventfold::load_topic::{self, TopicLoadOptions};
+use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
+use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
 #[derive(Debug, Parser)]
 #[command(name = "eventfold", version, about = "eventfold ops CLI")]
@@ -132,22 +132,40 @@ impl LoadTopicArgs {
 
 fn load_topic(args: LoadTopicArgs) -> ExitCode {
     let json = args.json;
-    let summary = match load_topic::run(args.into_options()) {
+    report(
+        "load-topic",
+        json,
+        load_topic::run(args.into_options()),
+        TopicSummary::to_json,
+        TopicSummary::check,
+    )
+}
+
+/// Prints a run's summary (text, or one JSON object) and turns it into the exit status:
+/// 0 passed, 1 failed its checks, 2 could not run.
+fn report<S: std::fmt::Display>(
+    tool: &str,
+    json: bool,
+    result: anyhow::Result<S>,
+    to_json: impl Fn(&S) -> serde_json::Value,
+    check: impl Fn(&S) -> anyhow::Result<()>,
+) -> ExitCode {
+    let summary = match result {
         Ok(summary) => summary,
         Err(e) => {
-            eprintln!("eventfold load-topic: error: {e:#}");
+            eprintln!("eventfold {tool}: error: {e:#}");
             return ExitCode::from(2);
         }
     };
     if json {
-        println!("{}", summary.to_json());
+        println!("{}", to_json(&summary));
     } else {
         println!("{summary}");
     }
-    match summary.check() {
+    match check(&summary) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("eventfold load-topic: failed: {e}");
+            eprintln!("eventfold {tool}: failed: {e}");
             ExitCode::from(1)
         }
     }
@@ -329,23 +347,11 @@ async fn load_http(args: LoadArgs) -> ExitCode {
             }
         });
     };
-    let summary = match load::run_until(opts, shutdown).await {
-        Ok(summary) => summary,
-        Err(e) => {
-            eprintln!("eventfold load: error: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
-    if json {
-        println!("{}", summary.to_json());
-    } else {
-        println!("{summary}");
-    }
-    match summary.check() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("eventfold load: failed: {e}");
-            ExitCode::from(1)
-        }
-    }
+    report(
+        "load",
+        json,
+        load::run_until(opts, shutdown).await,
+        Summary::to_json,
+        Summary::check,
+    )
 }
