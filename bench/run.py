@@ -182,6 +182,15 @@ class Suite:
             "runs": args.runs,
             "scenarios": {},
         }
+        # A run of some scenarios keeps the others' last results (each records when it ran).
+        previous = args.out / "results.json"
+        if not args.fresh and previous.exists():
+            try:
+                old = json.loads(previous.read_text())
+                if old.get("mode") == self.results["mode"]:
+                    self.results["scenarios"] = old.get("scenarios", {})
+            except (OSError, ValueError):
+                log(f"ignoring unreadable {previous}")
 
     # ---------------------------------------------------------------- builds
 
@@ -441,7 +450,9 @@ class Suite:
                 if m_ef.get("p99_ms"):
                     ratio["p99_latency"] = m_ef["p99_ms"] / m_peer["p99_ms"]
                 ratios.append(ratio)
-        self.results["scenarios"][name] = {"params": params, "systems": systems, "ratios": ratios}
+        self.results["scenarios"][name] = {
+            "run_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "params": params, "systems": systems, "ratios": ratios}
         self.write()
 
     def write(self):
@@ -499,7 +510,7 @@ def markdown(res: dict) -> str:
            f"{res['runs']} runs per system, alternated; figures are medians over runs; "
            f"build profile {res['build_profile']}.", ""]
     for name, sc in res["scenarios"].items():
-        out += [f"## {name}", "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in sc["params"].items()), ""]
+        out += [f"## {name}", "", f"Run at {sc.get('run_at', res['started_at'])}.", "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in sc["params"].items()), ""]
         if name == "restore":
             out += ["| case | ready (s), median | runs |", "|---|---:|---|"]
             for system, s in sc["systems"].items():
@@ -604,6 +615,8 @@ def main():
     ap.add_argument("--debug-build", action="store_true", help="use debug binaries (smoke in CI: already built)")
     ap.add_argument("--no-build", action="store_true", help="do not build (binaries must exist)")
     ap.add_argument("--out", type=Path, help="results directory (default bench/results; smoke: bench/results/smoke)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="drop earlier results of scenarios not run now (default: keep them)")
     ap.add_argument("--keep-work", action="store_true", help="keep the work directory (logs, data)")
     a = ap.parse_args()
     a.runs = a.runs or (1 if a.smoke else 3)
