@@ -362,7 +362,7 @@ class Suite:
     def scenario_restore(self):
         a = self.args
         params = {"aggregates": a.restore_n, "partitions": a.partitions,
-                  "measure": "process start to GET /readyz == 200",
+                  "measure": "process start to GET /readyz == 200 (every partition restored and every view caught up)",
                   "populate": "PlaceOrder on N fresh orders"}
         runs: dict = {}
         for n in a.restore_n:
