@@ -429,8 +429,50 @@ class Suite:
                     url, a.duration, a.concurrency,
                     extra=["--get", "/v1/views/orders?customer_id={id}&limit=20", "--ids", str(customers),
                            "--id-prefix", "c"]))
+            lag_key = f"eventfold view lag at {a.lag_rate} commands/s"
+            params["view_lag"] = (f"commands at {a.lag_rate}/s (eventfold load --rate, 256 connections) while a probe "
+                                  "places an order, then polls GET /v1/views/orders/{id} every ms: latency = "
+                                  "acknowledgement to row visible; per second = the load's commands/s")
+            runs[lag_key] = []
+            for i in range(a.runs):
+                log(f"views lag run {i + 1}/{a.runs} at {a.lag_rate} commands/s")
+                runs[lag_key].append(self.view_lag(url, a.lag_rate, a.duration, f"lag{self.run_tag}r{i}"))
         shutil.rmtree(data, ignore_errors=True)
         self.record("views", params, runs, pairs=[])
+
+    def view_lag(self, url, rate, duration, tag):
+        """Time from a command's acknowledgement to its row in the orders view, under load."""
+        cmd = [str(self.bin / "eventfold"), "load", "--url", url, "--json", "--quiet", "--concurrency", "256",
+               "--rate", str(rate), "--duration", duration]
+        load = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        body = json.dumps({"type": "PlaceOrder", "customer_id": "lag",
+                           "items": [{"sku": "s", "qty": 1, "price_cents": 1}]}).encode()
+        lags, k = [], 0
+        time.sleep(0.5)  # let the load reach its rate
+        while load.poll() is None:
+            order = f"{tag}-{k}"
+            k += 1
+            req = urllib.request.Request(f"{url}/v1/aggregates/order/{order}/commands", data=body, method="POST",
+                                         headers={"Idempotency-Key": order, "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    r.read()
+            except (urllib.error.URLError, OSError):
+                continue
+            acked = time.monotonic()
+            while not http_ok(f"{url}/v1/views/orders/{order}"):
+                if time.monotonic() - acked > 10:
+                    die(f"order {order} did not appear in the orders view within 10 s")
+                time.sleep(0.001)
+            lags.append((time.monotonic() - acked) * 1000)
+            time.sleep(0.01)
+        summary = json.loads(load.stdout.read())
+        if not lags:
+            die("view lag: no probe completed")
+        lags.sort()
+        q = lambda f: lags[min(len(lags) - 1, int(f * len(lags)))]
+        return {"throughput_per_s": summary["throughput_per_s"], "passed": summary["passed"], "probes": len(lags),
+                "latency_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p99_9": q(0.999), "max": lags[-1]}}
 
     # ---------------------------------------------------------------- results
 
@@ -606,6 +648,7 @@ def main():
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")
     ap.add_argument("--partitions", type=int, default=8, help="partitions per topic, both systems (default 8)")
     ap.add_argument("--restore-n", help="comma list of aggregate counts (default 100000,1000000; smoke 1000)")
+    ap.add_argument("--lag-rate", type=int, help="commands/s while view lag is probed (default 10000; smoke 200)")
     ap.add_argument("--views-n", type=int, help="orders written before the view queries (default 100000; smoke 500)")
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
@@ -625,6 +668,7 @@ def main():
     a.warmup = a.warmup if a.warmup is not None else (None if a.smoke else "3s")
     a.kafka_rate = a.kafka_rate or (500 if a.smoke else 5000)
     a.views_n = a.views_n or (500 if a.smoke else 100_000)
+    a.lag_rate = a.lag_rate or (200 if a.smoke else 10_000)
     a.restore_n = [int(x) for x in (a.restore_n or ("1000" if a.smoke else "100000,1000000")).split(",")]
     scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     unknown = set(scenarios) - set(SCENARIOS)
