@@ -366,16 +366,7 @@ struct Case {
 }
 
 fn build(dir: &Path, clock: &ManualClock, max_scanned: usize) -> Runtime {
-    let store = Store::open(dir, &StoreOptions::default()).unwrap();
-    let log = EmbeddedLog::open(
-        store,
-        embedded::Options {
-            partitions: 4,
-            fsync: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let log = test_log(dir);
     Runtime::builder(RuntimeOptions {
         app_id: "shop".into(),
         ..Default::default()
@@ -688,4 +679,18 @@ fn views_answer_every_query_like_a_model_of_the_accepted_events() {
     // The generator must produce answers worth comparing, not mostly empty ones.
     assert!(non_empty * 2 > queries, "{non_empty} of {queries} answers non-empty");
     eprintln!("views_model: {queries} queries ({non_empty} with rows) checked against the model");
+}
+
+/// The embedded log of these tests: 4 partitions, no fsync, in `dir`.
+fn test_log(dir: &std::path::Path) -> EmbeddedLog {
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    EmbeddedLog::open(
+        store,
+        embedded::Options {
+            partitions: 4,
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
