@@ -183,6 +183,17 @@ pub trait Log: Send + Sync + 'static {
     /// delivered in offset order per partition as soon as they are committed, until the
     /// [`Follower`] is dropped. Backends without a push path return `Config`; callers then
     /// poll [`Log::read`].
+    /// After a failed commit: once every unit the caller started in `lane` has resolved
+    /// (the later ones fail too, they were built on the failed one), lifts the fence that
+    /// refuses the lane's partition, so the caller can restore from the committed state and
+    /// go on. Backends that stop for good after a failure (the embedded log is fail-stop:
+    /// a failed fsync leaves the disk in doubt) refuse with `Config`.
+    async fn resume(&self, lane: u32) -> Result<()> {
+        Err(Error::Config(format!(
+            "the {} log does not resume lane {lane} after a failure; restart the process",
+            self.backend()
+        )))
+    }
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<Follower> {
         let _ = starts;
         Err(Error::Config(format!(

@@ -291,6 +291,14 @@ async fn failures_fence_their_partitions_and_others_keep_working() {
     let e = log.commit(one(&t, 0, b"later".to_vec())).await.unwrap_err();
     assert!(e.to_string().contains("earlier unit"), "{e}");
     assert_eq!(log.stats().group_commits, 1);
+
+    // Once its writer has drained, `resume` lifts the fence: units built on the committed
+    // state land again, after nothing of the failed ones.
+    log.resume(0).await.unwrap();
+    let ok = log.commit(one(&t, 0, b"resumed".to_vec())).await.unwrap();
+    let got = log.read(&t, 0, 0, 10).await.unwrap();
+    assert_eq!(got.len(), 1, "only the unit after the resume: {got:?}");
+    assert_eq!((got[0].0, got[0].1.value.as_slice()), (ok.offsets[0], &b"resumed"[..]));
 }
 
 /// A second instance with the same transactional id fences the first, which then refuses

@@ -13,7 +13,7 @@ use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -31,7 +31,20 @@ pub(crate) struct Job<A: Aggregate> {
     /// Whether the caller chose the command id (an Idempotency-Key): only then can it
     /// come again, so only then is it deduplicated.
     pub keyed: bool,
+    /// For a record of the commands topic: the source's epoch when it was read (see
+    /// [`SourceControl`]); records of an older epoch than a recovery are re-read.
+    pub epoch: u64,
     pub reply: oneshot::Sender<Result<Outcome>>,
+}
+
+/// Shared by the commands-topic source and the processors of one aggregate type. A
+/// partition that recovers from a failed commit bumps the epoch and asks the source to
+/// follow again from the committed offsets: records it had handed over but not committed
+/// come again, and processors drop the copies of an older epoch.
+#[derive(Debug, Default)]
+pub(crate) struct SourceControl {
+    pub epoch: AtomicU64,
+    pub rewind: tokio::sync::Notify,
 }
 
 /// Partition status shared with the service (lock-free reads on the request path).
@@ -151,6 +164,17 @@ pub(crate) struct Processor<A: Aggregate> {
     events_end: u64,
     /// The store is a cache of the log: write changelog records, restore from them.
     changelog: bool,
+    /// Why the partition is recovering from a failed commit (Kafka: the transaction was
+    /// aborted or its outcome is unknown; the committed state is intact in the topics).
+    recovering: Option<String>,
+    /// The commands-topic source, when there is one.
+    pub(crate) source: Option<Arc<SourceControl>>,
+    /// Records of the commands topic read before this epoch were handed over before the
+    /// last recovery: dropped (the source reads them again).
+    min_epoch: u64,
+    /// The highest consumed offset committed or in flight: a record read again after a
+    /// recovery never moves the committed offset back.
+    consumed_hwm: u64,
 }
 
 impl<A: Aggregate> Processor<A> {
@@ -176,6 +200,10 @@ impl<A: Aggregate> Processor<A> {
             inflight_base: 0,
             events_end: 0,
             changelog,
+            recovering: None,
+            source: None,
+            min_epoch: 0,
+            consumed_hwm: 0,
         }
     }
 
@@ -204,7 +232,10 @@ impl<A: Aggregate> Processor<A> {
         let mut jobs = Vec::with_capacity(self.cfg.max_batch);
         let mut open = true;
         while open || !self.inflight.is_empty() {
-            let can_take = open && self.inflight.len() < self.cfg.max_inflight;
+            if self.recovering.is_some() && self.inflight.is_empty() {
+                self.recover().await;
+            }
+            let can_take = open && self.recovering.is_none() && self.inflight.len() < self.cfg.max_inflight;
             tokio::select! {
                 biased;
                 result = front(&mut self.inflight), if !self.inflight.is_empty() => {
@@ -239,6 +270,42 @@ impl<A: Aggregate> Processor<A> {
                 }
             }
         }
+    }
+
+    /// After a failed commit, once nothing is in flight: lifts the log's fence, restores
+    /// the partition from the committed state (retrying while the broker is away) and has
+    /// the commands-topic source read again what was not committed.
+    async fn recover(&mut self) {
+        let p = self.cfg.partition;
+        let mut attempt = 0u32;
+        loop {
+            self.cache.clear();
+            let result = match self.log.resume(p).await {
+                Ok(()) => self.restore().await,
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(()) => break,
+                Err(e) => {
+                    if let Error::Log(eventfold_log::Error::Closed(_) | eventfold_log::Error::Config(_)) = &e {
+                        self.recovering = None;
+                        return self.fail(format!("cannot recover from a failed commit: {e}"));
+                    }
+                    attempt += 1;
+                    tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "recovery failed; retrying");
+                    self.shared.set_state(PartitionState::Restoring);
+                    tokio::time::sleep(Duration::from_millis(500).saturating_mul(attempt.min(10))).await;
+                }
+            }
+        }
+        // The records read again start at the committed offset.
+        self.consumed_hwm = 0;
+        if let Some(source) = &self.source {
+            self.min_epoch = source.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+            source.rewind.notify_one();
+        }
+        let reason = self.recovering.take().unwrap_or_default();
+        tracing::info!(aggregate = A::TYPE, partition = p, after = %reason, "partition recovered");
     }
 
     /// The barrier: the partition takes commands only once this returns Ok.
@@ -434,6 +501,9 @@ impl<A: Aggregate> Processor<A> {
         let mut fatal = None;
         let mut consumed_next: Option<u64> = None;
         for job in jobs.by_ref() {
+            if job.consumed.is_some() && job.epoch < self.min_epoch {
+                continue; // handed over before a recovery: the source reads it again
+            }
             // Every record taken from the commands topic is consumed by this batch, whatever
             // its outcome (duplicates and conflicts included).
             if let Some(next) = job.consumed {
@@ -615,7 +685,8 @@ impl<A: Aggregate> Processor<A> {
                 id
             })
             .collect();
-        if let Some(next_offset) = consumed_next {
+        if let Some(next_offset) = consumed_next.filter(|n| *n > self.consumed_hwm) {
+            self.consumed_hwm = next_offset;
             unit.consumed.push(Consumed {
                 group: self.cfg.group.clone(),
                 topic: topics.commands.clone(),
@@ -654,11 +725,28 @@ impl<A: Aggregate> Processor<A> {
             Err(e) => {
                 self.cache.clear();
                 let reason = format!("commit failed: {e}");
-                self.fail(reason.clone());
-                let err = Error::PartitionFailed {
-                    aggregate: A::TYPE.into(),
-                    partition: p,
-                    reason,
+                let err = if self.changelog {
+                    // Kafka holds the committed state: restore from it and go on (below,
+                    // once the units built on this one have failed too).
+                    if self.recovering.is_none() {
+                        tracing::warn!(aggregate = A::TYPE, partition = p, %reason, "partition recovers from a failed commit");
+                        self.shared.set_state(PartitionState::Restoring);
+                        self.shared.set_progress(0.0);
+                        self.recovering = Some(reason);
+                    }
+                    Error::Restoring {
+                        aggregate: A::TYPE.into(),
+                        partition: p,
+                        progress_pct: 0.0,
+                        retry_after: Duration::from_secs(1),
+                    }
+                } else {
+                    self.fail(reason.clone());
+                    Error::PartitionFailed {
+                        aggregate: A::TYPE.into(),
+                        partition: p,
+                        reason,
+                    }
                 };
                 for slot in done.slots {
                     let outcome = match slot.pending {
@@ -831,6 +919,17 @@ fn clone_err(e: &Error) -> Error {
         Error::VersionMismatch { expected, actual } => Error::VersionMismatch {
             expected: *expected,
             actual: *actual,
+        },
+        Error::Restoring {
+            aggregate,
+            partition,
+            progress_pct,
+            retry_after,
+        } => Error::Restoring {
+            aggregate: aggregate.clone(),
+            partition: *partition,
+            progress_pct: *progress_pct,
+            retry_after: *retry_after,
         },
         other => Error::Log(eventfold_log::Error::Closed(other.to_string())),
     }

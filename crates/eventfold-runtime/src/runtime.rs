@@ -228,6 +228,9 @@ fn start<A: Aggregate>(
     let topics = Topics::new(&options.app_id, A::TYPE);
     let metrics = Arc::new(AggregateMetrics::new(A::TYPE));
     let (notify, _) = broadcast::channel(4096);
+    let source = log
+        .store_is_cache()
+        .then(|| Arc::new(crate::processor::SourceControl::default()));
     let mut partitions = Vec::new();
     for p in 0..log.partitions() {
         let shared = Arc::new(PartitionShared::default());
@@ -243,7 +246,7 @@ fn start<A: Aggregate>(
             max_inflight: options.max_inflight_commits.max(1),
             group: options.app_id.clone(),
         };
-        let processor = Processor::new(
+        let mut processor = Processor::new(
             cfg,
             log.clone(),
             clock.clone(),
@@ -251,16 +254,18 @@ fn start<A: Aggregate>(
             metrics.clone(),
             notify.clone(),
         );
+        processor.source = source.clone();
         tokio::spawn(processor.run(rx));
         partitions.push((shared, tx));
     }
-    if log.store_is_cache() {
+    if let Some(source) = source {
         let senders = partitions.iter().map(|(_, tx)| tx.clone()).collect();
         tokio::spawn(crate::source::run::<A>(
             log.clone(),
             topics.commands.clone(),
             options.app_id.clone(),
             senders,
+            source,
         ));
     }
     Arc::new(TypedService::<A> {

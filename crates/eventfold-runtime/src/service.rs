@@ -220,6 +220,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             expected_version: req.expected_version,
             consumed: None,
             keyed,
+            epoch: 0,
             reply,
         };
         if let Err(e) = tx.try_send(job) {

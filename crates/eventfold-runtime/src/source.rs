@@ -8,50 +8,76 @@
 //! This first version reads every partition of the topic itself (one instance owns all
 //! partitions); ownership by consumer-group assignment comes with multi-instance mode.
 
-use crate::processor::Job;
+use crate::processor::{Job, SourceControl};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::{Aggregate, Record, codec};
 use eventfold_log::{Follower, Log};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// Reads the commands topic of `A` from the group's committed offsets on, forever.
+/// Reads the commands topic of `A` from the group's committed offsets on, forever; after a
+/// partition recovered from a failed commit (`ctl.rewind`), again from the committed
+/// offsets, under a new epoch.
 pub(crate) async fn run<A: Aggregate>(
     log: Arc<dyn Log>,
     topic: Arc<str>,
     group: String,
     senders: Vec<mpsc::Sender<Job<A>>>,
+    ctl: Arc<SourceControl>,
 ) {
-    let mut next = Vec::with_capacity(senders.len());
-    for p in 0..senders.len() as u32 {
-        let from = loop {
-            match log.committed_offset(&group, &topic, p).await {
-                Ok(o) => break o.unwrap_or(0),
-                Err(e) => {
-                    tracing::warn!(%topic, partition = p, error = %e, "cannot read the committed offset; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+    loop {
+        let epoch = ctl.epoch.load(Ordering::Acquire);
+        let mut next = Vec::with_capacity(senders.len());
+        for p in 0..senders.len() as u32 {
+            let from = loop {
+                match log.committed_offset(&group, &topic, p).await {
+                    Ok(o) => break o.unwrap_or(0),
+                    Err(e) => {
+                        tracing::warn!(%topic, partition = p, error = %e, "cannot read the committed offset; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                 }
+            };
+            next.push(from);
+        }
+        tracing::info!(%topic, %group, epoch, "consuming commands from the topic");
+        let starts: Vec<(u32, u64)> = next.iter().enumerate().map(|(p, o)| (p as u32, *o)).collect();
+        match log.follow(&topic, &starts) {
+            Ok(follower) => {
+                if !follow(follower, &topic, &senders, epoch, &ctl).await {
+                    return;
+                }
+                tracing::info!(%topic, "a partition recovered: following again from the committed offsets");
             }
-        };
-        next.push(from);
-    }
-    tracing::info!(%topic, %group, "consuming commands from the topic");
-    let starts: Vec<(u32, u64)> = next.iter().enumerate().map(|(p, o)| (p as u32, *o)).collect();
-    match log.follow(&topic, &starts) {
-        Ok(follower) => follow(follower, &topic, &senders).await,
-        Err(e) => {
-            tracing::info!(%topic, reason = %e, "polling the commands topic");
-            poll(log, &topic, next, &senders).await;
+            Err(e) => {
+                tracing::info!(%topic, reason = %e, "polling the commands topic");
+                return poll(log, &topic, next, &senders).await;
+            }
         }
     }
 }
 
-/// Hands the records of a live follower to the processors.
-async fn follow<A: Aggregate>(mut follower: Follower, topic: &str, senders: &[mpsc::Sender<Job<A>>]) {
+/// Hands the records of a live follower to the processors until the runtime shuts down
+/// (false) or a rewind is asked for (true).
+async fn follow<A: Aggregate>(
+    mut follower: Follower,
+    topic: &str,
+    senders: &[mpsc::Sender<Job<A>>],
+    epoch: u64,
+    ctl: &SourceControl,
+) -> bool {
     let partitions = senders.len() as u32;
-    while let Some(batch) = follower.next().await {
+    loop {
+        let batch = tokio::select! {
+            batch = follower.next() => batch,
+            () = ctl.rewind.notified() => return true,
+        };
+        let Some(batch) = batch else {
+            return false;
+        };
         let (p, records) = match batch {
             Ok(b) => b,
             Err(e) => {
@@ -64,8 +90,12 @@ async fn follow<A: Aggregate>(mut follower: Follower, topic: &str, senders: &[mp
         };
         for (offset, record) in records {
             // Backpressure: wait for room in the processor's queue.
-            if tx.send(job::<A>(topic, p, partitions, offset, &record)).await.is_err() {
-                return; // the runtime is shutting down
+            if tx
+                .send(job::<A>(topic, p, partitions, offset, epoch, &record))
+                .await
+                .is_err()
+            {
+                return false; // the runtime is shutting down
             }
         }
     }
@@ -88,7 +118,7 @@ async fn poll<A: Aggregate>(log: Arc<dyn Log>, topic: &str, mut next: Vec<u64>, 
                 idle = false;
                 next[p] = offset + 1;
                 // Backpressure: wait for room in the processor's queue.
-                let job = job::<A>(topic, p as u32, senders.len() as u32, offset, &record);
+                let job = job::<A>(topic, p as u32, senders.len() as u32, offset, 0, &record);
                 if tx.send(job).await.is_err() {
                     return; // the runtime is shutting down
                 }
@@ -102,7 +132,7 @@ async fn poll<A: Aggregate>(log: Arc<dyn Log>, topic: &str, mut next: Vec<u64>, 
 
 /// The job for one record; a record that is not a valid command becomes a job whose
 /// command is the decoding error (refused, recorded and consumed by the processor).
-fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, r: &Record) -> Job<A> {
+fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, epoch: u64, r: &Record) -> Job<A> {
     let command_id = r
         .header_str(headers::COMMAND_ID)
         .map(str::to_owned)
@@ -136,6 +166,7 @@ fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, 
         expected_version: None,
         consumed: Some(offset + 1),
         keyed: true,
+        epoch,
         reply,
     }
 }

@@ -670,7 +670,10 @@ pub async fn rebuild<P: Projection>(
                 partition: p as u32,
                 reason,
             };
-            let n = worker.step(&source.events, max).await.map_err(failed)?;
+            let n = worker
+                .step(&source.events, max)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
             if n == 0 {
                 // Only offsets without records are left (Kafka's transaction markers).
                 break;
@@ -689,6 +692,22 @@ pub async fn rebuild<P: Projection>(
         unique_conflicts: svc.unique_conflicts.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
         elapsed: started.elapsed(),
     })
+}
+
+/// Why a worker step failed.
+enum Step {
+    /// Reading the source failed: worth retrying.
+    Read(String),
+    /// Applying or storing failed: the view partition stops.
+    Fatal(String),
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read(e) | Self::Fatal(e) => f.write_str(e),
+        }
+    }
 }
 
 struct Worker<P: Projection> {
@@ -784,7 +803,14 @@ impl<P: Projection> Worker<P> {
                     }
                 }
                 Ok(_) => continue,
-                Err(e) => return self.fail(e),
+                // The log's read failed (Kafka: the broker is away): reads are idempotent,
+                // try again from the same checkpoint.
+                Err(Step::Read(e)) => {
+                    tracing::warn!(view = P::VIEW, partition = self.partition, error = %e, "view read failed; retrying");
+                    tokio::time::sleep(self.svc.options.poll_interval.max(Duration::from_millis(500))).await;
+                    continue;
+                }
+                Err(Step::Fatal(e)) => return self.fail(e),
             }
             tokio::select! {
                 closed = self.wait_for_own_partition(&mut wake) => {
@@ -803,23 +829,23 @@ impl<P: Projection> Worker<P> {
     /// Reads up to `max` source events from the checkpoint, applies them and commits the
     /// rows, index entries and next offset in one batch, then publishes the new offset.
     /// Returns how many events it applied (0: none there yet).
-    async fn step(&mut self, topic: &str, max: usize) -> Result<usize, String> {
+    async fn step(&mut self, topic: &str, max: usize) -> Result<usize, Step> {
         let records = self
             .log
             .read(topic, self.partition, self.next, max)
             .await
-            .map_err(|e| format!("cannot read {topic}/{}: {e}", self.partition))?;
+            .map_err(|e| Step::Read(format!("cannot read {topic}/{}: {e}", self.partition)))?;
         let Some(next) = records.last().map(|(o, _)| o + 1) else {
             return Ok(0);
         };
-        let batch = self.apply(topic, &records, next)?;
+        let batch = self.apply(topic, &records, next).map_err(Step::Fatal)?;
         // The write may wait for the store's journal (held during the command path's
         // fsync): never on a runtime worker.
         let store = self.log.store().clone();
         match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(format!("cannot commit: {e}")),
-            Err(e) => return Err(format!("commit task failed: {e}")),
+            Ok(Err(e)) => return Err(Step::Fatal(format!("cannot commit: {e}"))),
+            Err(e) => return Err(Step::Fatal(format!("commit task failed: {e}"))),
         }
         self.next = next;
         self.svc.partitions[self.partition as usize].applied.send_replace(next);

@@ -21,6 +21,8 @@ struct Cli {
     serve: ServeOptions,
 }
 
+// Parsed once at start-up: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API (the default when no subcommand is given).

@@ -60,6 +60,11 @@ pub struct ServeOptions {
     /// it constant across restarts of an instance.
     #[arg(long, env = "EVENTFOLD_KAFKA_COMMITTERS", default_value_t = KafkaOptions::new("", 1, "").committers)]
     pub kafka_committers: usize,
+    /// Kafka mode: bound in seconds on every blocking broker call (transaction commit or
+    /// abort, offsets, metadata). A transaction that cannot commit within it fails and its
+    /// partition recovers from the committed state once the broker answers again.
+    #[arg(long, env = "EVENTFOLD_KAFKA_TIMEOUT_SECS", default_value_t = 30)]
+    pub kafka_timeout_secs: u64,
 }
 
 impl ServeOptions {
@@ -156,6 +161,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
             // incarnation. Opening connects and initializes transactions (blocking).
             let kafka = KafkaOptions {
                 committers: opts.kafka_committers,
+                operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
                 ..KafkaOptions::new(
                     bootstrap,
                     opts.partitions,

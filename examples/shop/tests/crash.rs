@@ -688,7 +688,93 @@ async fn sigkill_under_load_keeps_invariants_on_kafka() {
     crash_run(args, Some((bootstrap, app))).await;
 }
 
+/// A broker restarted twice in the middle of load (a broker of this test's own: the shared
+/// one serves the other tests): the service recovers by itself (failed transactions are
+/// retried from the committed state; no restart of the shop), and the same invariants
+/// hold, checked over HTTP and by an independent read_committed consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_restarts_under_load_keep_invariants_on_kafka() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let broker = OwnBroker::start();
+    let app = format!("brk{}", rand::random::<u32>());
+    let args = vec![
+        "--kafka".to_owned(),
+        broker.bootstrap.clone(),
+        "--app-id".to_owned(),
+        app.clone(),
+        // Shorter than the outage below: transactions in flight fail, so the partitions
+        // must recover by themselves rather than just wait.
+        "--kafka-timeout-secs".to_owned(),
+        "3".to_owned(),
+    ];
+    crash_run_with(
+        args,
+        Some((broker.bootstrap.clone(), app)),
+        Disruption::BrokerRestarts(&broker),
+    )
+    .await;
+}
+
+/// A Kafka broker of one test, started and stopped with the project's script.
+struct OwnBroker {
+    dir: tempfile::TempDir,
+    port: u16,
+    bootstrap: String,
+}
+
+impl OwnBroker {
+    fn start() -> Self {
+        // The controller listens on port + 1: find two free neighbours.
+        let port = (0..50)
+            .map(|_| free_port())
+            .find(|p| std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok())
+            .expect("two free neighbouring ports");
+        let broker = Self {
+            dir: tempfile::tempdir().expect("broker dir"),
+            port,
+            bootstrap: format!("127.0.0.1:{port}"),
+        };
+        broker.script("start");
+        broker
+    }
+
+    fn script(&self, command: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka/broker.sh");
+        let status = Command::new(&script)
+            .arg(command)
+            .env("KEEP_DATA", "1")
+            .env("EVENTFOLD_KAFKA_PORT", self.port.to_string())
+            .env("EVENTFOLD_KAFKA_DIR", self.dir.path())
+            .status()
+            .expect("scripts/kafka/broker.sh runs");
+        assert!(status.success(), "broker.sh {command} failed (port {})", self.port);
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.script("stop");
+    }
+}
+
+/// What the test does to the service under load.
+enum Disruption<'a> {
+    /// SIGKILL the shop at random instants (and restart it).
+    KillShop,
+    /// Restart the broker (keeping its data) while the shop keeps running.
+    BrokerRestarts(&'a OwnBroker),
+}
+
+/// Broker restarts per broker test (each takes a few seconds).
+const BROKER_RESTARTS: u32 = 2;
+/// How long the broker stays away each time (longer than the shop's Kafka timeout).
+const BROKER_OUTAGE: Duration = Duration::from_secs(5);
+
 async fn crash_run(extra_args: Vec<String>, kafka: Option<(String, String)>) {
+    crash_run_with(extra_args, kafka, Disruption::KillShop).await;
+}
+
+async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>, disruption: Disruption<'_>) {
     let t0 = Instant::now();
     let seed = std::env::var("CRASH_SEED")
         .ok()
@@ -728,7 +814,35 @@ async fn crash_run(extra_args: Vec<String>, kafka: Option<(String, String)>) {
     // Killer.
     let mut kills = 0;
     let mut startup_kills = 0;
-    while kills < KILLS && shared.started.elapsed() < LOAD_BUDGET {
+    let mut restarts = 0;
+    let mut recovery_failures = Vec::new();
+    if let Disruption::BrokerRestarts(broker) = &disruption {
+        while restarts < BROKER_RESTARTS {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
+            tokio::task::block_in_place(|| {
+                broker.script("stop");
+                std::thread::sleep(BROKER_OUTAGE);
+                broker.script("start");
+            });
+            restarts += 1;
+            // The shop recovers by itself: ready again without being restarted.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let (status, _) = get(&http, &format!("{}/readyz", server.base())).await;
+                if status == 200 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    recovery_failures.push(format!("not ready 60 s after broker restart {restarts}"));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        // Some load after the last recovery too.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+    }
+    while matches!(disruption, Disruption::KillShop) && kills < KILLS && shared.started.elapsed() < LOAD_BUDGET {
         tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_DELAY_MS))).await;
         server.kill();
         kills += 1;
@@ -757,8 +871,8 @@ async fn crash_run(extra_args: Vec<String>, kafka: Option<(String, String)>) {
     let base = server.base();
 
     // Checks.
-    let mut failures = Vec::new();
-    if kills <= KILLS {
+    let mut failures = recovery_failures;
+    if matches!(disruption, Disruption::KillShop) && kills <= KILLS {
         failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
     }
     let orders = shared.next_order.load(Ordering::Relaxed) + 1; // + an id only ever refused
@@ -799,6 +913,10 @@ async fn crash_run(extra_args: Vec<String>, kafka: Option<(String, String)>) {
     if panics > 0 {
         failures.push(format!("shop panicked {panics} time(s); see its stderr"));
     }
+    let recoveries = stderr.lines().filter(|l| l.contains("partition recovered")).count();
+    if matches!(disruption, Disruption::BrokerRestarts(_)) && recoveries == 0 {
+        failures.push("no partition recovered from a failed commit: the outages did not test recovery".into());
+    }
 
     let retries = shared.retries.lock().unwrap().clone();
     let ready_ms: Vec<u128> = server.ready_times.iter().map(Duration::as_millis).collect();
@@ -811,7 +929,7 @@ async fn crash_run(extra_args: Vec<String>, kafka: Option<(String, String)>) {
             .count()
     };
     eprintln!(
-        "crash test: {kills} kills under load + {startup_kills} during startup ({} starts, {} port changes; ready after restart: mean {mean_ready} ms, max {max_ready} ms)",
+        "crash test: {restarts} broker restarts, {kills} kills under load + {startup_kills} during startup ({} starts, {} port changes; ready after restart: mean {mean_ready} ms, max {max_ready} ms)",
         server.starts, server.port_changes
     );
     eprintln!(

@@ -116,6 +116,9 @@ impl Clients {
             match self.meta.fetch_watermarks(topic, partition as i32, self.timeout()) {
                 Ok((_, high)) => break high,
                 Err(e) if is_transient(&e) && Instant::now() < deadline => {
+                    // librdkafka answers from its metadata cache, which can keep a partition
+                    // "unknown" long after a broker restart: ask the broker again.
+                    let _ = self.meta.fetch_metadata(Some(topic), Duration::from_millis(500));
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => {

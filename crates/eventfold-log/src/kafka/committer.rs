@@ -26,6 +26,8 @@ pub(in crate::kafka) struct Job {
     bytes: usize,
     largest_record: usize,
     reply: Reply,
+    /// Not a unit: lift the fence of this partition (see `Log::resume`).
+    resume: Option<u32>,
 }
 
 impl Job {
@@ -43,7 +45,15 @@ impl Job {
             consumed: unit.consumed,
             local: unit.local,
             reply,
+            resume: None,
         }
+    }
+
+    /// The request to lift `partition`'s fence, queued behind the lane's earlier units.
+    pub(in crate::kafka) fn resume(partition: u32, reply: Reply) -> Self {
+        let mut job = Self::new(CommitUnit::default(), reply);
+        job.resume = Some(partition);
+        job
     }
 
     /// The topic-partitions the unit writes or consumes: what a failure fences.
@@ -279,6 +289,22 @@ impl Committer {
         }
         let mut ready = Vec::with_capacity(jobs.len());
         for job in jobs {
+            if let Some(p) = job.resume {
+                // An initialized producer first: `init_transactions` aborts what a failed
+                // producer of this id left open, which would hold the partitions' last
+                // stable offsets back (and the restore that follows) until it timed out.
+                let answer = match self.producer() {
+                    Ok(_) => {
+                        // Every earlier unit of the lane was checked (and refused) above:
+                        // the writer drained them, later units build on committed state.
+                        self.fenced.retain(|(_, partition), _| *partition != p);
+                        Ok(Receipt { offsets: Vec::new() })
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = job.reply.send(answer);
+                continue;
+            }
             match self.check(&job) {
                 Ok(()) => ready.push(job),
                 Err(e) => {

@@ -421,6 +421,19 @@ impl Log for KafkaLog {
             .await
     }
 
+    async fn resume(&self, lane: u32) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        let tx = self
+            .tx
+            .get(lane as usize % self.tx.len().max(1))
+            .ok_or_else(|| Error::Closed("the Kafka log is closed".into()))?;
+        tx.send(committer::Job::resume(lane, reply))
+            .map_err(|_| Error::Closed("the Kafka committer thread stopped".into()))?;
+        rx.await
+            .map_err(|_| Error::Closed("the Kafka committer thread stopped".into()))?
+            .map(drop)
+    }
+
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
         for (p, _) in starts {
             self.shared.check_partition(topic, *p)?;
