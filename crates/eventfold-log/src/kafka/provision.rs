@@ -147,14 +147,14 @@ impl Provisioner {
             .map_err(|e| kafka_error(&format!("cannot create topic `{topic}`"), e))?;
         for r in results {
             match r {
+                Ok(_) => tracing::info!(topic, partitions = self.partitions, ?config, "created Kafka topic"),
                 // Another instance (or thread) created it first: `ensure` checks its count.
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => {
                     return Err(Error::Kafka(format!("cannot create topic `{name}`: {code}")));
                 }
             }
         }
-        tracing::info!(topic, partitions = self.partitions, ?config, "created Kafka topic");
         Ok(())
     }
 }
