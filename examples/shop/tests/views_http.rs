@@ -3,11 +3,12 @@
 //! sent; read-your-writes with `min_position`; 504 past the bound; 400 for bad parameters;
 //! and a restart that restores the views from their checkpoints.
 
+mod common;
+
 use eventfold::core::Position;
 use eventfold::core::projection::Event;
 use eventfold::core::time::rfc3339_ms;
 use eventfold::http::HttpOptions;
-use eventfold::log::embedded::{self, EmbeddedLog};
 use eventfold::log::testing::SlowReads;
 use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
@@ -51,7 +52,7 @@ struct Server {
 }
 
 fn build(dir: &Path, clock: &ManualClock) -> Runtime {
-    let log = test_log(dir);
+    let log = common::test_log(dir);
     Runtime::builder(RuntimeOptions {
         app_id: "shop".into(),
         ..Default::default()
@@ -710,7 +711,7 @@ fn readyz_reports_a_view_catching_up_then_ready() {
     let phase2 = rt();
     phase2.block_on(async {
         let clock = ManualClock::at(T0);
-        let log = test_log(dir.path());
+        let log = common::test_log(dir.path());
         // Each read of the new view's catch-up takes 100 ms and brings 4 events: about
         // 30 events per partition take more than half a second.
         let log = SlowReads::new(Arc::new(log), Duration::from_millis(100));
@@ -811,7 +812,7 @@ fn readyz_reports_a_view_catching_up_then_ready() {
 async fn readyz_names_a_failed_view() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::at(T0);
-    let log = test_log(dir.path());
+    let log = common::test_log(dir.path());
     let runtime = Runtime::builder(RuntimeOptions {
         app_id: "shop".into(),
         ..Default::default()
@@ -927,7 +928,7 @@ fn runtime_with(
     slow: Option<Duration>,
     register: impl FnOnce(eventfold::runtime::RuntimeBuilder) -> eventfold::runtime::RuntimeBuilder,
 ) -> Runtime {
-    let log = test_log(dir);
+    let log = common::test_log(dir);
     let log: Arc<dyn eventfold::log::Log> = match slow {
         Some(d) => Arc::new(SlowReads::new(Arc::new(log), d)),
         None => Arc::new(log),
@@ -1137,18 +1138,4 @@ fn views_restore_from_their_checkpoints_after_a_restart() {
     // The store is closed once every task holding it is gone; reopen with retries.
     std::thread::sleep(Duration::from_millis(200));
     run(1);
-}
-
-/// The embedded log of these tests: 4 partitions, no fsync, in `dir`.
-fn test_log(dir: &std::path::Path) -> EmbeddedLog {
-    let store = Store::open(dir, &StoreOptions::default()).unwrap();
-    EmbeddedLog::open(
-        store,
-        embedded::Options {
-            partitions: 4,
-            fsync: false,
-            ..Default::default()
-        },
-    )
-    .unwrap()
 }

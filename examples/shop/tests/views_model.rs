@@ -13,12 +13,12 @@
 //! Replay one case with `EVENTFOLD_PROPTEST_SEED=<seed>`; run more with
 //! `EVENTFOLD_PROPTEST_CASES=<n>` (default 24).
 
+mod common;
+
 use eventfold::core::Position;
 use eventfold::core::time::{parse_rfc3339_ms, rfc3339_ms};
 use eventfold::http::HttpOptions;
-use eventfold::log::embedded::{self, EmbeddedLog};
 use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
-use eventfold::store::{Store, StoreOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
@@ -366,7 +366,7 @@ struct Case {
 }
 
 fn build(dir: &Path, clock: &ManualClock, max_scanned: usize) -> Runtime {
-    let log = test_log(dir);
+    let log = common::test_log(dir);
     Runtime::builder(RuntimeOptions {
         app_id: "shop".into(),
         ..Default::default()
@@ -679,18 +679,4 @@ fn views_answer_every_query_like_a_model_of_the_accepted_events() {
     // The generator must produce answers worth comparing, not mostly empty ones.
     assert!(non_empty * 2 > queries, "{non_empty} of {queries} answers non-empty");
     eprintln!("views_model: {queries} queries ({non_empty} with rows) checked against the model");
-}
-
-/// The embedded log of these tests: 4 partitions, no fsync, in `dir`.
-fn test_log(dir: &std::path::Path) -> EmbeddedLog {
-    let store = Store::open(dir, &StoreOptions::default()).unwrap();
-    EmbeddedLog::open(
-        store,
-        embedded::Options {
-            partitions: 4,
-            fsync: false,
-            ..Default::default()
-        },
-    )
-    .unwrap()
 }

@@ -152,3 +152,19 @@ pub fn read_committed(bootstrap: &str, topic: &str, partitions: i32) -> Vec<(Str
     }
     out
 }
+
+/// The in-process embedded log of the view tests: 4 partitions, no fsync, in `dir`.
+pub fn test_log(dir: &std::path::Path) -> eventfold::log::embedded::EmbeddedLog {
+    use eventfold::log::embedded::{EmbeddedLog, Options};
+    use eventfold::store::{Store, StoreOptions};
+    let store = Store::open(dir, &StoreOptions::default()).unwrap();
+    EmbeddedLog::open(
+        store,
+        Options {
+            partitions: 4,
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
