@@ -117,8 +117,17 @@ impl Clients {
                 Ok((_, high)) => break high,
                 Err(e) if is_transient(&e) && Instant::now() < deadline => {
                     // librdkafka answers from its metadata cache, which can keep a partition
-                    // "unknown" long after a broker restart: ask the broker again.
-                    let _ = self.meta.fetch_metadata(Some(topic), Duration::from_millis(500));
+                    // "unknown" for minutes after a broker restart (a refresh of the same
+                    // client did not help): ask a client with fresh metadata.
+                    let fresh: Option<BaseConsumer<Quiet>> = consumer_config(&self.options, Some(&self.reader_group()))
+                        .create_with_context(Quiet)
+                        .ok();
+                    let wait = deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_secs(2));
+                    if let Some(Ok((_, high))) = fresh.map(|c| c.fetch_watermarks(topic, partition as i32, wait)) {
+                        break high;
+                    }
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => {
