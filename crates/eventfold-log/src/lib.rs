@@ -179,10 +179,6 @@ pub trait Log: Send + Sync + 'static {
     }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
-    /// Follows `topic` from each `(partition, offset)` of `starts`: committed records are
-    /// delivered in offset order per partition as soon as they are committed, until the
-    /// [`Follower`] is dropped. Backends without a push path return `Config`; callers then
-    /// poll [`Log::read`].
     /// After a failed commit: once every unit the caller started in `lane` has resolved
     /// (the later ones fail too, they were built on the failed one), lifts the fence that
     /// refuses the lane's partition, so the caller can restore from the committed state and
@@ -194,10 +190,45 @@ pub trait Log: Send + Sync + 'static {
             self.backend()
         )))
     }
+    /// Follows `topic` from each `(partition, offset)` of `starts`: committed records are
+    /// delivered in offset order per partition as soon as they are committed, until the
+    /// [`Follower`] is dropped. Backends without a push path return `Config`; callers then
+    /// poll [`Log::read`].
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<Follower> {
         let _ = starts;
         Err(Error::Config(format!(
             "the {} log cannot follow `{topic}`; poll it with read()",
+            self.backend()
+        )))
+    }
+    /// Appends one record outside any commit unit and resolves with its offset once it is
+    /// durable. For records that need no atomicity with anything else: a command sent to
+    /// the partition's owner, an instance announcement. (Kafka: an idempotent,
+    /// non-transactional producer; the record is visible to `read_committed` readers at
+    /// once.) The default commits a unit holding just this record.
+    async fn send(&self, append: Append) -> Result<u64> {
+        let receipt = self.commit(CommitUnit {
+            appends: vec![append],
+            ..Default::default()
+        });
+        receipt
+            .await?
+            .offsets
+            .first()
+            .copied()
+            .ok_or_else(|| Error::Closed("no offset assigned".into()))
+    }
+    /// Joins consumer group `group` as a member reading `topics` (all with the app's
+    /// partition count): the group assigns each partition to one member at a time, and
+    /// the [`Membership`] reports assignments, revocations and the assigned partitions'
+    /// committed records. The log also commits [`Consumed`] offsets of `group` with this
+    /// membership's generation, so a member the group has moved on from cannot commit
+    /// (zombie fencing). Logs with a single owner (embedded) return `Config`: the caller
+    /// owns every partition.
+    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<Membership> {
+        let _ = topics;
+        Err(Error::Config(format!(
+            "the {} log has no consumer groups (`{group}`): this process owns every partition",
             self.backend()
         )))
     }
@@ -221,6 +252,97 @@ impl Follower {
     /// An error is reported once; the feeder keeps following after it.
     pub async fn next(&mut self) -> Option<Result<FollowedBatch>> {
         self.rx.recv().await
+    }
+}
+
+/// What a group member learns (see [`Log::join`]), in the order it happened.
+#[derive(Debug)]
+pub enum GroupEvent {
+    /// Partitions now assigned to this member; each with the epoch that the records
+    /// delivered for it from now on carry (epochs only grow, across all partitions).
+    Assigned(Vec<(Arc<str>, u32, u64)>),
+    /// Partitions taken away from this member. The member waits (bounded by the group's
+    /// rebalance timeout) until `done` is answered or dropped before it lets the group go
+    /// on: finish or fail the in-flight work on them first. `lost`: the group already
+    /// gave them to another member (this one was too slow), so its commits will fail.
+    Revoked {
+        /// The partitions.
+        partitions: Vec<(Arc<str>, u32)>,
+        /// Whether they were lost rather than handed over.
+        lost: bool,
+        /// Answer (or drop) once nothing is in flight on them.
+        done: RevokeAck,
+    },
+    /// Committed records of an assigned partition, in offset order.
+    Records {
+        /// Topic.
+        topic: Arc<str>,
+        /// Partition.
+        partition: u32,
+        /// The partition's epoch when they were fetched (see [`MemberControl::seek`]).
+        epoch: u64,
+        /// Records with their offsets.
+        records: Vec<(u64, Record)>,
+    },
+    /// A failure the member keeps going after (logged by the member too).
+    Error(Error),
+}
+
+/// The answer to a [`GroupEvent::Revoked`]: send it (or drop it) when done.
+#[derive(Debug)]
+pub struct RevokeAck(Option<std::sync::mpsc::SyncSender<()>>);
+
+impl RevokeAck {
+    /// An acknowledgement that wakes `tx`.
+    pub fn new(tx: std::sync::mpsc::SyncSender<()>) -> Self {
+        Self(Some(tx))
+    }
+    /// Lets the group go on.
+    pub fn done(mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.try_send(());
+        }
+    }
+}
+
+impl Drop for RevokeAck {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.try_send(());
+        }
+    }
+}
+
+/// Operations on a running membership, callable from anywhere (see [`Log::join`]).
+pub trait MemberControl: Send + Sync + 'static {
+    /// Moves the fetch position of an assigned partition to `offset` (e.g. back to the
+    /// committed offset after a failed transaction) and returns the partition's new epoch:
+    /// records delivered with an older epoch were fetched before the seek.
+    fn seek(&self, topic: &str, partition: u32, offset: u64) -> Result<u64>;
+    /// Rebalances this member has been through (assignments and revocations received).
+    fn rebalances(&self) -> u64;
+    /// The partitions assigned to this member now.
+    fn assignment(&self) -> Vec<(Arc<str>, u32)>;
+}
+
+/// A member of a consumer group (see [`Log::join`]); leaves the group when dropped.
+pub struct Membership {
+    rx: tokio::sync::mpsc::Receiver<GroupEvent>,
+    control: Arc<dyn MemberControl>,
+}
+
+impl Membership {
+    /// A membership fed by `rx` and steered through `control`.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<GroupEvent>, control: Arc<dyn MemberControl>) -> Self {
+        Self { rx, control }
+    }
+    /// The next event (waits for one); `None` once the member stopped.
+    pub async fn next(&mut self) -> Option<GroupEvent> {
+        self.rx.recv().await
+    }
+    /// A handle to seek and inspect, usable while `next` is awaited elsewhere.
+    pub fn control(&self) -> Arc<dyn MemberControl> {
+        self.control.clone()
     }
 }
 

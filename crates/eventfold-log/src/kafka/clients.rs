@@ -8,6 +8,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,7 +35,7 @@ pub(super) fn base_config(options: &KafkaOptions) -> ClientConfig {
 }
 
 /// A `read_committed` consumer configuration (no group unless `group` is set).
-fn consumer_config(options: &KafkaOptions, group: Option<&str>) -> ClientConfig {
+pub(super) fn consumer_config(options: &KafkaOptions, group: Option<&str>) -> ClientConfig {
     let mut c = base_config(options);
     c.set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
@@ -74,6 +75,9 @@ pub(super) struct Clients {
     meta: BaseConsumer<Quiet>,
     readers: Mutex<Vec<BaseConsumer<Quiet>>>,
     groups: Mutex<HashMap<String, Arc<BaseConsumer<Quiet>>>>,
+    /// Groups this log joined (`Log::join`): their member's metadata goes into transactions.
+    joined: Mutex<HashMap<String, Arc<super::member::Control>>>,
+    sender: Mutex<Option<Arc<FutureProducer>>>,
 }
 
 impl Clients {
@@ -86,6 +90,8 @@ impl Clients {
             meta,
             readers: Mutex::new(Vec::new()),
             groups: Mutex::new(HashMap::new()),
+            joined: Mutex::new(HashMap::new()),
+            sender: Mutex::new(None),
         })
     }
 
@@ -208,13 +214,47 @@ impl Clients {
         Ok(c)
     }
 
-    /// The metadata `send_offsets_to_transaction` needs for `group`. The group is not
-    /// joined (generation -1): the log commits offsets on behalf of a processor that owns
-    /// its partitions by other means.
+    /// The metadata `send_offsets_to_transaction` needs for `group`: the member's current
+    /// generation when this log joined the group (a member the group moved on from gets
+    /// its offsets refused), else generation -1 (the log commits offsets on behalf of a
+    /// processor that owns its partitions by other means).
     pub(super) fn group_metadata(&self, group: &str) -> Result<ConsumerGroupMetadata> {
-        self.group(group)?
-            .group_metadata()
-            .ok_or_else(|| Error::Kafka(format!("no consumer group metadata for group `{group}`")))
+        let joined = self.joined.lock().expect("joined lock").get(group).cloned();
+        let metadata = match joined {
+            Some(member) => member.consumer().group_metadata(),
+            None => self.group(group)?.group_metadata(),
+        };
+        metadata.ok_or_else(|| Error::Kafka(format!("no consumer group metadata for group `{group}`")))
+    }
+
+    /// Joins `group` as a member reading `topics` (see `member.rs`).
+    pub(super) fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
+        let (membership, control) = super::member::join(&self.options, group, topics)?;
+        self.joined
+            .lock()
+            .expect("joined lock")
+            .insert(group.to_owned(), control);
+        Ok(membership)
+    }
+
+    /// The idempotent, non-transactional producer of `Log::send`, built on first use.
+    pub(super) fn sender(&self) -> Result<Arc<FutureProducer>> {
+        let mut sender = self.sender.lock().expect("sender lock");
+        if let Some(p) = &*sender {
+            return Ok(p.clone());
+        }
+        let p: FutureProducer = base_config(&self.options)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "1")
+            .set(
+                "message.timeout.ms",
+                self.options.operation_timeout.as_millis().to_string(),
+            )
+            .create()
+            .map_err(|e| kafka_error("cannot create the Kafka producer", e))?;
+        let p = Arc::new(p);
+        *sender = Some(p.clone());
+        Ok(p)
     }
 
     /// The committed offset of `group` on `topic`/`partition`. The consumer is
@@ -396,7 +436,7 @@ fn position(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Option
     }
 }
 
-fn to_record(m: &BorrowedMessage<'_>) -> Record {
+pub(super) fn to_record(m: &BorrowedMessage<'_>) -> Record {
     Record {
         key: m.key().unwrap_or_default().to_vec(),
         value: m.payload().unwrap_or_default().to_vec(),

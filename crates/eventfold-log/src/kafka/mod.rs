@@ -52,6 +52,7 @@
 
 mod clients;
 mod committer;
+mod member;
 mod provision;
 
 pub use provision::topic_config;
@@ -62,6 +63,8 @@ use clients::Clients;
 use eventfold_core::Record;
 use eventfold_store::Store;
 use provision::Provisioner;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, mpsc};
@@ -104,6 +107,9 @@ pub struct KafkaOptions {
     /// Bound on every blocking broker call (init, offsets, commit, abort, metadata,
     /// offset queries) and on each read.
     pub operation_timeout: Duration,
+    /// `session.timeout.ms` of group members ([`Log::join`]): how long the group waits
+    /// for a silent member before it moves the member's partitions to others.
+    pub session_timeout: Duration,
     /// Configs of created topics.
     pub topics: TopicDefaults,
     /// Largest commit unit accepted, in bytes (records and local changes).
@@ -148,6 +154,7 @@ impl KafkaOptions {
             transactional_id: transactional_id.into(),
             transaction_timeout: Duration::from_secs(60),
             operation_timeout: Duration::from_secs(30),
+            session_timeout: Duration::from_secs(10),
             topics: TopicDefaults::default(),
             max_unit_bytes: 16 << 20,
             max_record_bytes: 1_000_000,
@@ -440,6 +447,40 @@ impl Log for KafkaLog {
         }
         self.shared.provisioner.ensure(topic)?;
         self.shared.clients.follow(topic, starts)
+    }
+
+    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
+        for t in topics {
+            self.shared.provisioner.ensure(t)?;
+        }
+        self.shared.clients.join(group, topics)
+    }
+
+    async fn send(&self, append: crate::Append) -> Result<u64> {
+        self.shared.check_partition(&append.topic, append.partition)?;
+        let topic = append.topic.clone();
+        self.blocking(move |s| s.provisioner.ensure(&topic)).await?;
+        let producer = self.shared.clients.sender()?;
+        let r = &append.record;
+        let headers = r
+            .headers
+            .iter()
+            .fold(OwnedHeaders::new_with_capacity(r.headers.len()), |h, (k, v)| {
+                h.insert(Header { key: k, value: Some(v) })
+            });
+        let record = FutureRecord::to(&append.topic)
+            .partition(append.partition as i32)
+            .key(&r.key)
+            .payload(&r.value)
+            .headers(headers)
+            .timestamp(r.timestamp_ms);
+        match producer.send(record, self.shared.options.operation_timeout).await {
+            Ok(delivery) => Ok(delivery.offset as u64),
+            Err((e, _)) => Err(clients::kafka_error(
+                &format!("cannot send a record to {}/{}", append.topic, append.partition),
+                e,
+            )),
+        }
     }
 }
 
