@@ -24,6 +24,10 @@ pub mod headers {
     pub const REPLY_PARTITION: &str = "ef-reply-partition";
     /// MIME type of the value.
     pub const CONTENT_TYPE: &str = "content-type";
+    /// On a command record: the version the aggregate must be at (`If-Match` of a command
+    /// sent through another instance); a mismatch is answered with a `version_mismatch`
+    /// rejection on the results topic, whose `ef-version` header holds the actual version.
+    pub const EXPECTED_VERSION: &str = "ef-expected-version";
 }
 
 /// One record of a log: what Kafka calls a record and the embedded log stores verbatim.

@@ -58,6 +58,11 @@ impl From<Error> for ApiError {
             Error::Overloaded { retry_after, .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "overloaded", Some(*retry_after))
             }
+            Error::NotOwner { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_owner",
+                Some(Duration::from_secs(1)),
+            ),
             Error::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",

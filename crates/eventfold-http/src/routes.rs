@@ -290,11 +290,16 @@ async fn healthz() -> axum::Json<serde_json::Value> {
 async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let parts = app.runtime.partitions();
     let views = app.runtime.view_reports();
-    let not_ready: Vec<_> = parts.iter().filter(|p| p.state != PartitionState::Ready).collect();
+    let not_ready: Vec<_> = parts
+        .iter()
+        .filter(|p| !matches!(p.state, PartitionState::Ready | PartitionState::Remote))
+        .collect();
     let views_not_ready: Vec<_> = views.iter().filter(|v| v.state != ViewState::Ready).collect();
-    if not_ready.is_empty() && views_not_ready.is_empty() {
+    let joined = app.runtime.has_joined();
+    if joined && not_ready.is_empty() && views_not_ready.is_empty() {
+        let owned = parts.iter().filter(|p| p.state != PartitionState::Remote).count();
         return Ok(axum::Json(
-            json!({"ready": true, "partitions": parts.len(), "views": views}),
+            json!({"ready": true, "partitions": parts.len(), "owned_partitions": owned, "views": views}),
         ));
     }
     let restoring = not_ready
@@ -303,6 +308,9 @@ async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>,
         .count();
     let failed = not_ready.len() - restoring;
     let mut message = format!("{restoring} partitions restoring, {failed} failed, of {}", parts.len());
+    if !joined {
+        message.push_str("; waiting for the consumer group to assign partitions");
+    }
     for v in &views_not_ready {
         let _ = match v.state {
             ViewState::Failed => write!(message, "; view `{}` failed", v.view),

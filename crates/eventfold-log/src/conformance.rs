@@ -55,6 +55,7 @@ pub async fn run_all(factory: &dyn Factory, prefix: &str) {
     records_round_trip_with_headers_and_timestamps(factory, prefix).await;
     read_respects_from_and_max(factory, prefix).await;
     consumed_offsets_are_committed_with_the_unit(factory, prefix).await;
+    records_built_from_offsets_commit_with_the_unit(factory, prefix).await;
     local_changes_are_committed_with_the_unit(factory, prefix).await;
     concurrent_commits_lose_and_duplicate_nothing(factory, prefix).await;
     units_started_in_order_commit_in_order(factory, prefix).await;
@@ -206,6 +207,45 @@ pub async fn consumed_offsets_are_committed_with_the_unit(factory: &dyn Factory,
     assert_eq!(log.committed_offset(&group, &input, 0).await.unwrap(), Some(17));
 }
 
+/// `CommitUnit::then` gets the offsets assigned to the unit's appends; the records it
+/// builds commit with the unit, after its own, and their offsets end the receipt.
+pub async fn records_built_from_offsets_commit_with_the_unit(factory: &dyn Factory, prefix: &str) {
+    let log = factory.open().await;
+    let data = topic(prefix, "then-data");
+    let notes = topic(prefix, "then-notes");
+    for round in 0..2 {
+        let notes_for = notes.clone();
+        let unit = CommitUnit {
+            appends: vec![
+                append(&data, 1, rec("a", &format!("a{round}"), 1)),
+                append(&data, 1, rec("b", &format!("b{round}"), 1)),
+            ],
+            then: Some(crate::Then::new(move |offsets: &[u64]| {
+                let text = offsets.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+                vec![append(&notes_for, 0, rec("n", &text, 1))]
+            })),
+            ..Default::default()
+        };
+        let receipt = log.commit(unit).await.expect("a unit with a then commits");
+        assert_eq!(
+            receipt.offsets.len(),
+            3,
+            "the receipt holds the built record's offset too"
+        );
+        let data_read = log.read(&data, 1, receipt.offsets[0], 10).await.unwrap();
+        let got: Vec<u64> = data_read.iter().map(|(o, _)| *o).collect();
+        assert_eq!(got, receipt.offsets[..2], "the unit's own records at their offsets");
+        let notes_read = log.read(&notes, 0, receipt.offsets[2], 1).await.unwrap();
+        assert_eq!(notes_read.len(), 1, "the built record is committed");
+        assert_eq!(notes_read[0].0, receipt.offsets[2]);
+        assert_eq!(
+            String::from_utf8(notes_read[0].1.value.clone()).unwrap(),
+            format!("{},{}", receipt.offsets[0], receipt.offsets[1]),
+            "the built record saw the offsets of the unit's appends"
+        );
+    }
+}
+
 /// `CommitUnit::local` is in the store once the commit returns.
 pub async fn local_changes_are_committed_with_the_unit(factory: &dyn Factory, prefix: &str) {
     let log = factory.open().await;
@@ -339,6 +379,7 @@ pub async fn everything_survives_reopen(factory: &dyn Factory, prefix: &str) {
             }],
             local,
             lane: None,
+            then: None,
         };
         log.commit(unit).await.unwrap().offsets[0]
     };

@@ -47,6 +47,7 @@ const PARTITIONS_KEY: &str = "log/partitions";
 /// single committer thread only assigns offsets, builds keys and writes.
 struct Staged {
     appends: Vec<StagedAppend>,
+    then: Option<crate::Then>,
     consumed: Vec<crate::Consumed>,
     local: Batch,
     bytes: usize,
@@ -76,6 +77,7 @@ impl Staged {
         let bytes = unit.local.bytes() + appends.iter().map(|a| a.record.len()).sum::<usize>();
         Self {
             appends,
+            then: unit.then,
             consumed: unit.consumed,
             local: unit.local,
             bytes,
@@ -302,12 +304,34 @@ impl Committer {
         }
         let mut local_next: HashMap<TopicPartition, u64> = HashMap::new();
         let mut offsets = Vec::with_capacity(unit.appends.len());
-        for StagedAppend {
-            tp: (topic, partition),
-            record,
-            entity,
-        } in unit.appends
-        {
+        let mut then = unit.then;
+        let mut queue: std::collections::VecDeque<StagedAppend> = unit.appends.into();
+        loop {
+            let Some(StagedAppend {
+                tp: (topic, partition),
+                record,
+                entity,
+            }) = queue.pop_front()
+            else {
+                // The records built from the offsets: staged after the unit's own.
+                let Some(t) = then.take() else { break };
+                for a in t.run(&offsets) {
+                    if a.partition >= self.options.partitions {
+                        return Err(Error::NoSuchPartition {
+                            topic: a.topic.to_string(),
+                            partition: a.partition,
+                            partitions: self.options.partitions,
+                        });
+                    }
+                    Store::check_key("topic", &a.topic)?;
+                    queue.push_back(StagedAppend {
+                        tp: (a.topic, a.partition),
+                        record: EncodedRecord::new(&a.record),
+                        entity: a.entity,
+                    });
+                }
+                continue;
+            };
             let k = (topic.clone(), partition);
             let off = match local_next.get(&k).or_else(|| next.get(&k)) {
                 Some(o) => *o,

@@ -95,12 +95,39 @@ pub struct CommitUnit {
     /// parallel (the Kafka log does, `KafkaOptions::committers`). `None`: the partition
     /// of the first append or consumed offset, else lane 0.
     pub lane: Option<u32>,
+    /// Records built from the offsets the log assigns to `appends`, committed atomically
+    /// with them (an outcome that carries the position of its events).
+    pub then: Option<Then>,
+}
+
+/// Builds more records of a unit from the offsets assigned to its appends (see
+/// [`CommitUnit::then`]). Runs on the log's committer, once the offsets are known and
+/// before the unit is durable; the records it returns are appended after the unit's own.
+pub struct Then(Box<dyn FnOnce(&[u64]) -> Vec<Append> + Send>);
+
+impl Then {
+    /// Wraps `f`, which gets the offset of each of the unit's appends, in order.
+    pub fn new(f: impl FnOnce(&[u64]) -> Vec<Append> + Send + 'static) -> Self {
+        Self(Box::new(f))
+    }
+
+    /// The records for `offsets`.
+    pub fn run(self, offsets: &[u64]) -> Vec<Append> {
+        (self.0)(offsets)
+    }
+}
+
+impl std::fmt::Debug for Then {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Then(..)")
+    }
 }
 
 /// What a commit assigned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Receipt {
-    /// The offset of each append, in the unit's order.
+    /// The offset of each append, in the unit's order, then of each record
+    /// [`CommitUnit::then`] added.
     pub offsets: Vec<u64>,
 }
 

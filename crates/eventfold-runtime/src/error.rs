@@ -50,6 +50,9 @@ pub enum Error {
     /// The log failed to commit (500); nothing of the batch was written.
     #[error(transparent)]
     Log(#[from] eventfold_log::Error),
+    /// Another instance owns the partition and it could not be reached (503).
+    #[error("partition {partition} of `{aggregate}` is owned by another instance; retry shortly")]
+    NotOwner { aggregate: String, partition: u32 },
     /// The runtime is shutting down (503).
     #[error("the service is shutting down")]
     ShuttingDown,

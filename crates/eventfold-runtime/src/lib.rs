@@ -16,6 +16,7 @@ pub mod clock;
 pub mod error;
 pub mod metrics;
 mod processor;
+mod remote;
 mod runtime;
 mod service;
 mod source;

@@ -9,11 +9,11 @@ use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::service::{PartitionState, Topics};
 use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
-use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, Receipt};
+use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -31,20 +31,29 @@ pub(crate) struct Job<A: Aggregate> {
     /// Whether the caller chose the command id (an Idempotency-Key): only then can it
     /// come again, so only then is it deduplicated.
     pub keyed: bool,
-    /// For a record of the commands topic: the source's epoch when it was read (see
-    /// [`SourceControl`]); records of an older epoch than a recovery are re-read.
+    /// For a record of the commands topic: the partition's epoch in the consumer group
+    /// when it was fetched ([`eventfold_log::GroupEvent`]); records of an older epoch than
+    /// the partition's assignment or last recovery are dropped (they are read again).
     pub epoch: u64,
+    /// For a record of the commands topic: the results partition its sender listens to
+    /// (`ef-reply-partition`); the outcome goes there instead of the command's partition.
+    pub reply_partition: Option<u32>,
     pub reply: oneshot::Sender<Result<Outcome>>,
 }
 
-/// Shared by the commands-topic source and the processors of one aggregate type. A
-/// partition that recovers from a failed commit bumps the epoch and asks the source to
-/// follow again from the committed offsets: records it had handed over but not committed
-/// come again, and processors drop the copies of an older epoch.
-#[derive(Debug, Default)]
-pub(crate) struct SourceControl {
-    pub epoch: AtomicU64,
-    pub rewind: tokio::sync::Notify,
+/// The error code of the outcome a commands-topic record gets on the results topic when
+/// its `ef-expected-version` does not match (the record's `ef-version` header holds the
+/// aggregate's version).
+pub(crate) const VERSION_MISMATCH: &str = "version_mismatch";
+
+/// Ownership changes a processor gets from the consumer group (Kafka mode).
+pub(crate) enum Control {
+    /// The partition is this instance's now: restore, then take commands-topic records
+    /// of epoch `epoch` on.
+    Assign { epoch: u64 },
+    /// The partition goes to another instance: finish what is in flight (commit or fail),
+    /// forget the working state, answer `done`.
+    Revoke { done: oneshot::Sender<()> },
 }
 
 /// Partition status shared with the service (lock-free reads on the request path).
@@ -60,6 +69,7 @@ impl PartitionShared {
         match self.state.load(Ordering::Acquire) {
             0 => PartitionState::Restoring,
             1 => PartitionState::Ready,
+            3 => PartitionState::Remote,
             _ => PartitionState::Failed,
         }
     }
@@ -68,6 +78,7 @@ impl PartitionShared {
             PartitionState::Restoring => 0,
             PartitionState::Ready => 1,
             PartitionState::Failed => 2,
+            PartitionState::Remote => 3,
         };
         self.state.store(v, Ordering::Release);
     }
@@ -167,10 +178,13 @@ pub(crate) struct Processor<A: Aggregate> {
     /// Why the partition is recovering from a failed commit (Kafka: the transaction was
     /// aborted or its outcome is unknown; the committed state is intact in the topics).
     recovering: Option<String>,
-    /// The commands-topic source, when there is one.
-    pub(crate) source: Option<Arc<SourceControl>>,
-    /// Records of the commands topic read before this epoch were handed over before the
-    /// last recovery: dropped (the source reads them again).
+    /// The consumer group member that feeds the commands topic (Kafka mode): a recovery
+    /// seeks it back to the committed offset.
+    pub(crate) member: Option<Arc<std::sync::OnceLock<Arc<dyn MemberControl>>>>,
+    /// Whether this instance owns the partition (always, without a consumer group).
+    owned: bool,
+    /// Records of the commands topic fetched before this epoch were handed over before
+    /// the last assignment or recovery: dropped (the group member reads them again).
     min_epoch: u64,
     /// The highest consumed offset committed or in flight: a record read again after a
     /// recovery never moves the committed offset back.
@@ -201,7 +215,8 @@ impl<A: Aggregate> Processor<A> {
             events_end: 0,
             changelog,
             recovering: None,
-            source: None,
+            member: None,
+            owned: true,
             min_epoch: 0,
             consumed_hwm: 0,
         }
@@ -222,22 +237,42 @@ impl<A: Aggregate> Processor<A> {
     }
 
     /// Runs until the queue closes: restore, then batches, with up to `max_inflight`
-    /// commits under way so that processing overlaps with fsync.
-    pub async fn run(mut self, mut rx: mpsc::Receiver<Job<A>>) {
-        if let Err(e) = self.restore().await {
+    /// commits under way so that processing overlaps with fsync. With a `control`
+    /// channel (Kafka mode) the partition starts unowned and follows the consumer group's
+    /// assignments and revocations.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Job<A>>, mut control: Option<mpsc::UnboundedReceiver<Control>>) {
+        if control.is_some() {
+            self.owned = false;
+            self.shared.set_state(PartitionState::Remote);
+        } else if let Err(e) = self.restore().await {
             self.fail(format!("restore failed: {e}"));
         }
         let mut sweep = tokio::time::interval(self.cfg.dedup_sweep_every);
         sweep.tick().await;
         let mut jobs = Vec::with_capacity(self.cfg.max_batch);
         let mut open = true;
+        let mut revoking: Option<oneshot::Sender<()>> = None;
         while open || !self.inflight.is_empty() {
-            if self.recovering.is_some() && self.inflight.is_empty() {
+            if self.inflight.is_empty()
+                && let Some(done) = revoking.take()
+            {
+                self.release();
+                let _ = done.send(());
+            }
+            if self.owned && self.recovering.is_some() && self.inflight.is_empty() {
                 self.recover().await;
             }
-            let can_take = open && self.recovering.is_none() && self.inflight.len() < self.cfg.max_inflight;
+            let can_take =
+                open && self.recovering.is_none() && revoking.is_none() && self.inflight.len() < self.cfg.max_inflight;
             tokio::select! {
                 biased;
+                c = async { control.as_mut().expect("checked").recv().await }, if control.is_some() && revoking.is_none() => {
+                    match c {
+                        Some(Control::Assign { epoch }) => self.assign(epoch).await,
+                        Some(Control::Revoke { done }) => revoking = Some(done),
+                        None => control = None,
+                    }
+                }
                 result = front(&mut self.inflight), if !self.inflight.is_empty() => {
                     let done = self.inflight.pop_front().expect("front exists");
                     self.inflight_base += 1;
@@ -246,6 +281,19 @@ impl<A: Aggregate> Processor<A> {
                 n = rx.recv_many(&mut jobs, self.cfg.max_batch), if can_take => {
                     if n == 0 {
                         open = false;
+                        continue;
+                    }
+                    if !self.owned {
+                        // Queued before a revocation, or sent while the service still took
+                        // the partition for ours: the caller sends it to the owner.
+                        for job in jobs.drain(..) {
+                            if job.consumed.is_none() {
+                                let _ = job.reply.send(Err(Error::NotOwner {
+                                    aggregate: A::TYPE.into(),
+                                    partition: self.cfg.partition,
+                                }));
+                            }
+                        }
                         continue;
                     }
                     if self.shared.state() == PartitionState::Failed {
@@ -300,12 +348,107 @@ impl<A: Aggregate> Processor<A> {
         }
         // The records read again start at the committed offset.
         self.consumed_hwm = 0;
-        if let Some(source) = &self.source {
-            self.min_epoch = source.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-            source.rewind.notify_one();
-        }
+        self.rewind().await;
         let reason = self.recovering.take().unwrap_or_default();
         tracing::info!(aggregate = A::TYPE, partition = p, after = %reason, "partition recovered");
+    }
+
+    /// Has the group member fetch the commands topic again from the committed offset;
+    /// records fetched before are dropped (older epoch). A partition that is no longer
+    /// assigned is left alone (its revocation is on the way).
+    async fn rewind(&mut self) {
+        let Some(member) = self.member.as_ref().and_then(|cell| cell.get()).cloned() else {
+            return;
+        };
+        let (p, topic) = (self.cfg.partition, self.cfg.topics.commands.clone());
+        loop {
+            let from = match self.log.committed_offset(&self.cfg.group, &topic, p).await {
+                Ok(o) => o.unwrap_or(0),
+                Err(e) => {
+                    tracing::warn!(aggregate = A::TYPE, partition = p, error = %e, "cannot read the committed offset; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let (m, t) = (member.clone(), topic.clone());
+            match tokio::task::spawn_blocking(move || m.seek(&t, p, from)).await {
+                Ok(Ok(epoch)) => {
+                    self.min_epoch = epoch;
+                    return tracing::info!(
+                        aggregate = A::TYPE,
+                        partition = p,
+                        from,
+                        "commands read again from the committed offset"
+                    );
+                }
+                Ok(Err(eventfold_log::Error::Config(reason))) => {
+                    return tracing::info!(aggregate = A::TYPE, partition = p, %reason, "no rewind");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(aggregate = A::TYPE, partition = p, error = %e, "cannot rewind the commands topic; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return tracing::error!(aggregate = A::TYPE, partition = p, error = %e, "rewind task failed"),
+            }
+        }
+    }
+
+    /// Takes the partition: waits for the group's stable committed offset (a previous
+    /// owner's transaction still completing holds it), then restores up to the end of
+    /// what is committed, so nothing that previous owner committed is missed.
+    async fn assign(&mut self, epoch: u64) {
+        let p = self.cfg.partition;
+        self.owned = true;
+        self.min_epoch = epoch;
+        self.consumed_hwm = 0;
+        self.cache.clear();
+        self.recovering = None;
+        *self.shared.failure.lock().expect("not poisoned") = None;
+        self.shared.set_state(PartitionState::Restoring);
+        self.shared.set_progress(0.0);
+        tracing::info!(
+            aggregate = A::TYPE,
+            partition = p,
+            epoch,
+            "partition assigned; restoring"
+        );
+        let mut attempt = 0u32;
+        loop {
+            let stable = self
+                .log
+                .committed_offset(&self.cfg.group, &self.cfg.topics.commands, p)
+                .await;
+            let result = match stable {
+                Ok(_) => self.restore().await,
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(()) => return,
+                Err(Error::Store(e)) => return self.fail(format!("restore failed: {e}")),
+                Err(e) => {
+                    attempt += 1;
+                    tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "restore after assignment failed; retrying");
+                    self.shared.set_state(PartitionState::Restoring);
+                    tokio::time::sleep(Duration::from_millis(500).saturating_mul(attempt.min(10))).await;
+                }
+            }
+        }
+    }
+
+    /// Gives the partition up once nothing is in flight.
+    fn release(&mut self) {
+        tracing::info!(
+            aggregate = A::TYPE,
+            partition = self.cfg.partition,
+            "partition released"
+        );
+        self.owned = false;
+        self.cache.clear();
+        self.recovering = None;
+        self.consumed_hwm = 0;
+        *self.shared.failure.lock().expect("not poisoned") = None;
+        self.shared.set_state(PartitionState::Remote);
+        self.shared.set_progress(0.0);
     }
 
     /// The barrier: the partition takes commands only once this returns Ok.
@@ -500,6 +643,8 @@ impl<A: Aggregate> Processor<A> {
 
         let mut fatal = None;
         let mut consumed_next: Option<u64> = None;
+        // Accepted outcomes for the results topic: (command id, outcome, its events, results partition).
+        let mut positioned: Vec<(String, Outcome, std::ops::Range<usize>, u32)> = Vec::new();
         for job in jobs.by_ref() {
             if job.consumed.is_some() && job.epoch < self.min_epoch {
                 continue; // handed over before a recovery: the source reads it again
@@ -522,9 +667,21 @@ impl<A: Aggregate> Processor<A> {
                 self.metrics.count(CommandOutcome::Duplicate, 1);
                 continue;
             }
+            let results_partition = job.reply_partition.unwrap_or(p);
             if job.keyed {
                 match self.stored_outcome(&job.command_id, now) {
                     Ok(Some(outcome)) => {
+                        if self.changelog && job.consumed.is_some() {
+                            // A sender waiting on the results topic gets the original outcome.
+                            let json = codec::to_json(&outcome);
+                            unit.appends.push(changelog::result_record(
+                                &topics.results,
+                                results_partition,
+                                &job.command_id,
+                                &json,
+                                now,
+                            ));
+                        }
                         slots.push(Slot {
                             pending: Pending::Ready(Ok(outcome), CommandOutcome::Duplicate),
                             replies: vec![job.reply],
@@ -559,6 +716,21 @@ impl<A: Aggregate> Processor<A> {
                             expected,
                             actual: entry.version,
                         };
+                        if self.changelog && job.consumed.is_some() {
+                            let json = codec::to_json(&Outcome::Rejected {
+                                error: VERSION_MISMATCH.into(),
+                                message: err.to_string(),
+                            });
+                            let mut result = changelog::result_record(
+                                &topics.results,
+                                results_partition,
+                                &job.command_id,
+                                &json,
+                                now,
+                            );
+                            result.record = result.record.with_header(headers::VERSION, entry.version.to_string());
+                            unit.appends.push(result);
+                        }
                         slots.push(Slot {
                             pending: Pending::Ready(Err(err), CommandOutcome::Conflict),
                             replies: vec![job.reply],
@@ -614,7 +786,7 @@ impl<A: Aggregate> Processor<A> {
                     }
                 }
             };
-            if let Pending::Written { outcome, .. } = &outcome {
+            if let Pending::Written { outcome, appends } = &outcome {
                 let json = codec::to_json(outcome);
                 if job.keyed {
                     unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &json);
@@ -624,13 +796,24 @@ impl<A: Aggregate> Processor<A> {
                         unit.appends
                             .push(changelog::outcome_record(&topics.state, p, &job.command_id, &json, now));
                     }
-                    unit.appends.push(changelog::result_record(
-                        &topics.results,
-                        p,
-                        &job.command_id,
-                        &json,
-                        now,
-                    ));
+                    if let Outcome::Accepted(_) = outcome {
+                        // Its position is known only once the log assigned the events'
+                        // offsets: written by the unit's `then`.
+                        positioned.push((
+                            job.command_id.clone(),
+                            outcome.clone(),
+                            appends.clone(),
+                            results_partition,
+                        ));
+                    } else {
+                        unit.appends.push(changelog::result_record(
+                            &topics.results,
+                            results_partition,
+                            &job.command_id,
+                            &json,
+                            now,
+                        ));
+                    }
                 }
             }
 
@@ -693,6 +876,25 @@ impl<A: Aggregate> Processor<A> {
                 partition: p,
                 next_offset,
             });
+        }
+        if !positioned.is_empty() {
+            let (events, results, end) = (topics.events.clone(), topics.results.clone(), self.events_end);
+            unit.then = Some(eventfold_log::Then::new(move |offsets: &[u64]| {
+                positioned
+                    .into_iter()
+                    .map(|(command_id, mut outcome, range, partition)| {
+                        if let Outcome::Accepted(a) = &mut outcome {
+                            let after = match range.end.checked_sub(1).and_then(|i| offsets.get(i)) {
+                                Some(last) => last + 1,
+                                None => end,
+                            };
+                            a.position = Position::at(&events, p, after).encode();
+                        }
+                        let json = codec::to_json(&outcome);
+                        changelog::result_record(&results, partition, &command_id, &json, now)
+                    })
+                    .collect()
+            }));
         }
         let commit = (written > 0 || consumed_next.is_some()).then(|| {
             // Enqueued now, in batch order: the log commits this partition's units in order.

@@ -4,12 +4,17 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::metrics::AggregateMetrics;
 use crate::processor::{PartitionShared, Processor, ProcessorConfig};
+use crate::remote::Requester;
 use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
+use crate::source::{GroupMember, TypedMember};
 use crate::view::{ViewOptions, ViewReport, ViewService};
 use eventfold_core::{Aggregate, Projection};
 use eventfold_log::Log;
-use std::collections::BTreeMap;
+use eventfold_log::MemberControl;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
@@ -17,8 +22,11 @@ use tokio::sync::{broadcast, mpsc};
 /// Options of the command path (defaults in parentheses).
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
-    /// Topic prefix (`shop`).
+    /// Topic prefix and, in Kafka mode, the consumer group of the commands topics (`app`).
     pub app_id: String,
+    /// This instance's id (`local`): picks the results partition it waits for outcomes of
+    /// commands sent to other instances on (Kafka mode).
+    pub instance_id: String,
     /// Most commands per commit unit (1024).
     pub max_batch: usize,
     /// Commands queued per partition before 503 (4096).
@@ -44,6 +52,7 @@ impl Default for RuntimeOptions {
     fn default() -> Self {
         Self {
             app_id: "app".into(),
+            instance_id: "local".into(),
             max_batch: 1024,
             queue_capacity: 4096,
             restore_queue_limit: 1024,
@@ -61,7 +70,21 @@ type ViewStarter = Box<
     dyn FnOnce(&Arc<dyn Log>, &BTreeMap<String, Arc<dyn AggregateService>>, &ViewOptions) -> Arc<ViewService> + Send,
 >;
 
-type Starter = Box<dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>) -> Arc<dyn AggregateService> + Send>;
+/// What a starting aggregate type needs to know about ownership.
+struct Grouping {
+    /// Kafka mode: partitions start unowned and follow the consumer group.
+    grouped: bool,
+    /// The group member, once joined (recoveries seek it).
+    member: Arc<OnceLock<Arc<dyn MemberControl>>>,
+    /// Sends commands of partitions owned elsewhere to their owner.
+    remote: Option<Arc<Requester>>,
+}
+
+type Started = (Arc<dyn AggregateService>, Option<Arc<dyn GroupMember>>);
+type Starter = Box<dyn FnOnce(&Arc<dyn Log>, &RuntimeOptions, &Arc<dyn Clock>, &Grouping) -> Started + Send>;
+
+/// Called with the partitions this instance owns, by aggregate type, after every change.
+pub type OwnershipHook = Arc<dyn Fn(BTreeMap<String, Vec<u32>>) + Send + Sync>;
 
 /// Registers aggregate types, then starts their processors.
 pub struct RuntimeBuilder {
@@ -70,6 +93,7 @@ pub struct RuntimeBuilder {
     starters: Vec<(&'static str, Starter)>,
     views: Vec<(&'static str, u32, ViewStarter)>,
     view_options: ViewOptions,
+    ownership_hook: Option<OwnershipHook>,
 }
 
 /// The versions of one view: the one answering queries and, during a side-by-side
@@ -125,6 +149,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Calls `hook` with the partitions this instance owns after every change of the
+    /// consumer group's assignment (Kafka mode), e.g. to publish them for routing.
+    pub fn on_ownership(mut self, hook: OwnershipHook) -> Self {
+        self.ownership_hook = Some(hook);
+        self
+    }
+
     /// Uses `clock` for record timestamps and dedup expiry.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -139,17 +170,57 @@ impl RuntimeBuilder {
             A::TYPE
         );
         eventfold_store::Store::check_key("aggregate type", A::TYPE).expect("aggregate type names must be valid keys");
-        let starter: Starter = Box::new(move |log, options, clock| start::<A>(log, options, clock, config));
+        let starter: Starter =
+            Box::new(move |log, options, clock, grouping| start::<A>(log, options, clock, grouping, config));
         self.starters.push((A::TYPE, starter));
         self
     }
 
     /// Starts every processor on the current tokio runtime.
+    ///
+    /// In Kafka mode (a log whose store is a cache) the instance joins the consumer group
+    /// `app_id` for every commands topic: partitions start unowned and are restored when
+    /// the group assigns them; commands for partitions owned elsewhere go to their owner
+    /// through the commands topic.
     pub fn build(self, log: Arc<dyn Log>) -> Runtime {
+        let grouped = log.store_is_cache();
+        let topics: Vec<(&'static str, Topics)> = self
+            .starters
+            .iter()
+            .map(|(name, _)| (*name, Topics::new(&self.options.app_id, name)))
+            .collect();
+        let grouping = Grouping {
+            grouped,
+            member: Arc::new(OnceLock::new()),
+            remote: grouped.then(|| {
+                let results = topics.iter().map(|(_, t)| t.results.clone()).collect();
+                Requester::start(log.clone(), self.clock.clone(), &self.options.instance_id, results)
+            }),
+        };
         let mut services = BTreeMap::new();
-        for (name, starter) in self.starters {
-            services.insert(name.to_owned(), starter(&log, &self.options, &self.clock));
+        let mut members: HashMap<Arc<str>, Arc<dyn GroupMember>> = HashMap::new();
+        let mut types: HashMap<Arc<str>, String> = HashMap::new();
+        for ((name, starter), (_, t)) in self.starters.into_iter().zip(&topics) {
+            let (service, member) = starter(&log, &self.options, &self.clock, &grouping);
+            services.insert(name.to_owned(), service);
+            if let Some(m) = member {
+                members.insert(t.commands.clone(), m);
+                types.insert(t.commands.clone(), name.to_owned());
+            }
         }
+        let group = grouped.then(|| {
+            let state = Arc::new(GroupState::default());
+            tokio::spawn(join_group(
+                log.clone(),
+                self.options.clone(),
+                grouping.member.clone(),
+                members,
+                types,
+                state.clone(),
+                self.ownership_hook.clone(),
+            ));
+            state
+        });
         // Per view: the newest registered version is the target; the version stored as
         // serving (1 when none is stored: views before versions) keeps answering while
         // the target builds, if its projection is registered too.
@@ -214,24 +285,75 @@ impl RuntimeBuilder {
                 views,
                 log,
                 options: self.options,
+                group,
             }),
         }
     }
+}
+
+/// What the runtime knows of its consumer group membership (Kafka mode).
+#[derive(Default)]
+struct GroupState {
+    /// Set at the first assignment (possibly empty): until then nothing is known to be ours.
+    joined: Arc<AtomicBool>,
+    /// Partitions owned now, by aggregate type.
+    owned: RwLock<BTreeMap<String, Vec<u32>>>,
+}
+
+/// Joins the consumer group (retrying while the broker cannot be reached) and runs it.
+async fn join_group(
+    log: Arc<dyn Log>,
+    options: RuntimeOptions,
+    cell: Arc<OnceLock<Arc<dyn MemberControl>>>,
+    members: HashMap<Arc<str>, Arc<dyn GroupMember>>,
+    types: HashMap<Arc<str>, String>,
+    state: Arc<GroupState>,
+    hook: Option<OwnershipHook>,
+) {
+    let topics: Vec<Arc<str>> = members.keys().cloned().collect();
+    let membership = loop {
+        let (l, g, t) = (log.clone(), options.app_id.clone(), topics.clone());
+        match tokio::task::spawn_blocking(move || l.join(&g, &t)).await {
+            Ok(Ok(m)) => break m,
+            Ok(Err(e)) => {
+                tracing::error!(group = %options.app_id, error = %e, "cannot join the consumer group; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return tracing::error!(error = %e, "join task failed"),
+        }
+    };
+    tracing::info!(group = %options.app_id, topics = topics.len(), "joined the consumer group");
+    let control = membership.control();
+    let _ = cell.set(control.clone());
+    let st = state.clone();
+    let changed: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let mut owned: BTreeMap<String, Vec<u32>> = types.values().map(|t| (t.clone(), Vec::new())).collect();
+        for (topic, p) in control.assignment() {
+            if let Some(t) = types.get(&topic) {
+                owned.entry(t.clone()).or_default().push(p);
+            }
+        }
+        *st.owned.write().expect("not poisoned") = owned.clone();
+        if let Some(hook) = &hook {
+            hook(owned);
+        }
+    });
+    let timeout = options.command_timeout.max(Duration::from_secs(30));
+    crate::source::run_group(membership, members, state.joined.clone(), changed, timeout).await;
 }
 
 fn start<A: Aggregate>(
     log: &Arc<dyn Log>,
     options: &RuntimeOptions,
     clock: &Arc<dyn Clock>,
+    grouping: &Grouping,
     config: A::Config,
-) -> Arc<dyn AggregateService> {
+) -> Started {
     let topics = Topics::new(&options.app_id, A::TYPE);
     let metrics = Arc::new(AggregateMetrics::new(A::TYPE));
     let (notify, _) = broadcast::channel(4096);
-    let source = log
-        .store_is_cache()
-        .then(|| Arc::new(crate::processor::SourceControl::default()));
     let mut partitions = Vec::new();
+    let mut controls = Vec::new();
     for p in 0..log.partitions() {
         let shared = Arc::new(PartitionShared::default());
         let (tx, rx) = mpsc::channel(options.queue_capacity);
@@ -254,28 +376,31 @@ fn start<A: Aggregate>(
             metrics.clone(),
             notify.clone(),
         );
-        processor.source = source.clone();
-        tokio::spawn(processor.run(rx));
+        processor.member = Some(grouping.member.clone());
+        let control = grouping.grouped.then(|| {
+            let (ctl, ctl_rx) = mpsc::unbounded_channel();
+            controls.push((ctl, tx.clone()));
+            ctl_rx
+        });
+        tokio::spawn(processor.run(rx, control));
         partitions.push((shared, tx));
     }
-    if let Some(source) = source {
-        let senders = partitions.iter().map(|(_, tx)| tx.clone()).collect();
-        tokio::spawn(crate::source::run::<A>(
-            log.clone(),
-            topics.commands.clone(),
-            options.app_id.clone(),
-            senders,
-            source,
-        ));
-    }
-    Arc::new(TypedService::<A> {
+    let member = grouping.grouped.then(|| {
+        Arc::new(TypedMember::<A> {
+            topic: topics.commands.clone(),
+            partitions: controls,
+        }) as Arc<dyn GroupMember>
+    });
+    let service = Arc::new(TypedService::<A> {
         topics,
         log: log.clone(),
         options: options.clone(),
         partitions,
         metrics,
         notify,
-    })
+        remote: grouping.remote.clone(),
+    });
+    (service, member)
 }
 
 /// Records `version` as the serving version of a view (durably) and removes the data
@@ -353,6 +478,7 @@ struct Inner {
     views: BTreeMap<String, Arc<ViewSlot>>,
     log: Arc<dyn Log>,
     options: RuntimeOptions,
+    group: Option<Arc<GroupState>>,
 }
 
 /// A running set of aggregate types. Cheap to clone.
@@ -378,6 +504,7 @@ impl Runtime {
             starters: Vec::new(),
             views: Vec::new(),
             view_options: ViewOptions::default(),
+            ownership_hook: None,
         }
     }
 
@@ -428,9 +555,37 @@ impl Runtime {
         self.inner.services.values().flat_map(|s| s.partitions()).collect()
     }
 
-    /// Whether every partition has restored and every view caught up (and none failed).
+    /// Whether the instance joined its consumer group (Kafka mode; always true otherwise).
+    pub fn has_joined(&self) -> bool {
+        self.inner
+            .group
+            .as_ref()
+            .is_none_or(|g| g.joined.load(Ordering::Acquire))
+    }
+
+    /// The partitions this instance owns, by aggregate type (every partition without a
+    /// consumer group).
+    pub fn owned_partitions(&self) -> BTreeMap<String, Vec<u32>> {
+        match &self.inner.group {
+            Some(g) => g.owned.read().expect("not poisoned").clone(),
+            None => self
+                .inner
+                .services
+                .keys()
+                .map(|name| (name.clone(), (0..self.inner.log.partitions()).collect()))
+                .collect(),
+        }
+    }
+
+    /// Whether every owned partition has restored and every view caught up (and none
+    /// failed), and, in Kafka mode, the consumer group has assigned this instance its
+    /// partitions.
     pub fn is_ready(&self) -> bool {
-        self.partitions().iter().all(|p| p.state == PartitionState::Ready)
+        self.has_joined()
+            && self
+                .partitions()
+                .iter()
+                .all(|p| matches!(p.state, PartitionState::Ready | PartitionState::Remote))
             && self.inner.views.values().all(|v| v.serving().is_ready())
     }
 
@@ -511,12 +666,13 @@ impl Runtime {
                 p.aggregate, p.partition, p.restore_progress
             );
         }
-        out.push_str("# HELP eventfold_partition_up Whether a partition takes commands (1), restores (0) or failed (-1).\n# TYPE eventfold_partition_up gauge\n");
+        out.push_str("# HELP eventfold_partition_up Whether a partition takes commands (1), restores (0), failed (-1) or is owned by another instance (2).\n# TYPE eventfold_partition_up gauge\n");
         for p in &parts {
             let v = match p.state {
                 PartitionState::Ready => 1,
                 PartitionState::Restoring => 0,
                 PartitionState::Failed => -1,
+                PartitionState::Remote => 2,
             };
             let _ = writeln!(
                 out,

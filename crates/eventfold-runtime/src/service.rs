@@ -50,6 +50,8 @@ pub enum PartitionState {
     Ready,
     /// Stopped after a fatal error.
     Failed,
+    /// Owned by another instance (Kafka mode).
+    Remote,
 }
 
 /// What `/readyz` and `/v1/cluster` show of a partition.
@@ -105,6 +107,9 @@ pub trait AggregateService: Send + Sync + 'static {
     async fn submit(&self, request: CommandRequest) -> Result<Outcome>;
     /// The committed state of `id`.
     async fn state(&self, id: &str) -> Result<Option<StateView>>;
+    /// Whether another instance owns `id`'s partition (Kafka mode): its state and events
+    /// are read there.
+    fn owner_is_remote(&self, id: &str) -> bool;
     /// Up to `max` events of `id` from `from_version` on.
     async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>>;
     /// Notifications `(aggregate id, new version)` after each commit.
@@ -164,6 +169,32 @@ pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
     })
 }
 
+impl<A: Aggregate> TypedService<A> {
+    /// Sends the command to partition `p`'s owner through the commands topic and waits for
+    /// its outcome on the results topic.
+    async fn submit_remote(&self, p: u32, command_type: &str, req: CommandRequest) -> Result<Outcome> {
+        let Some(remote) = &self.remote else {
+            return Err(Error::NotOwner {
+                aggregate: A::TYPE.into(),
+                partition: p,
+            });
+        };
+        let result = remote
+            .submit(&self.topics, p, command_type, req, self.options.command_timeout)
+            .await;
+        self.metrics.count(
+            match &result {
+                Ok(Outcome::Accepted(_)) => CommandOutcome::Accepted,
+                Ok(Outcome::Rejected { .. }) => CommandOutcome::Rejected,
+                Err(Error::VersionMismatch { .. }) => CommandOutcome::Conflict,
+                Err(_) => CommandOutcome::Error,
+            },
+            1,
+        );
+        result
+    }
+}
+
 /// The typed implementation behind [`AggregateService`].
 pub(crate) struct TypedService<A: Aggregate> {
     pub(crate) topics: Topics,
@@ -172,6 +203,8 @@ pub(crate) struct TypedService<A: Aggregate> {
     pub(crate) partitions: Vec<(Arc<PartitionShared>, mpsc::Sender<Job<A>>)>,
     pub(crate) metrics: Arc<AggregateMetrics>,
     pub(crate) notify: broadcast::Sender<(Arc<str>, u64)>,
+    /// Sends commands for partitions owned elsewhere through the commands topic (Kafka).
+    pub(crate) remote: Option<Arc<crate::remote::Requester>>,
 }
 
 #[async_trait]
@@ -185,11 +218,12 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
         if let Some(k) = &req.idempotency_key {
             check_key(k)?;
         }
-        let (_command_type, command) = codec::decode_command::<A::Command>(A::TYPE, &req.body)?;
+        let (command_type, command) = codec::decode_command::<A::Command>(A::TYPE, &req.body)?;
         let p = partition_for(req.aggregate_id.as_bytes(), self.partitions.len() as u32);
         let (shared, tx) = &self.partitions[p as usize];
         let queued = tx.max_capacity() - tx.capacity();
         match shared.state() {
+            PartitionState::Remote => return self.submit_remote(p, &command_type, req).await,
             PartitionState::Failed => {
                 self.metrics.count(CommandOutcome::Error, 1);
                 return Err(Error::PartitionFailed {
@@ -210,6 +244,8 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             _ => {}
         }
         let keyed = req.idempotency_key.is_some();
+        // Kept in case the partition moves to another instance before the command runs.
+        let resend = self.remote.is_some().then(|| req.clone());
         let command_id = req.idempotency_key.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let (reply, rx) = oneshot::channel();
         let job = Job {
@@ -221,6 +257,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             consumed: None,
             keyed,
             epoch: 0,
+            reply_partition: None,
             reply,
         };
         if let Err(e) = tx.try_send(job) {
@@ -236,10 +273,19 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             });
         }
         match tokio::time::timeout(self.options.command_timeout, rx).await {
+            Ok(Ok(Err(Error::NotOwner { .. }))) if resend.is_some() => {
+                let req = resend.expect("checked");
+                self.submit_remote(p, &command_type, req).await
+            }
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(Error::ShuttingDown),
             Err(_) => Err(Error::Timeout(self.options.command_timeout)),
         }
+    }
+
+    fn owner_is_remote(&self, id: &str) -> bool {
+        let p = partition_for(id.as_bytes(), self.partitions.len() as u32);
+        self.partitions[p as usize].0.state() == PartitionState::Remote
     }
 
     async fn state(&self, id: &str) -> Result<Option<StateView>> {

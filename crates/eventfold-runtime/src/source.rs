@@ -1,131 +1,131 @@
-//! Commands from the commands topic (Kafka mode): records produced to
-//! `<app>.<type>.commands` by any Kafka client (a key, a JSON value, an `ef-type` header)
-//! are decoded and handed to the owning partition's processor, which commits their
-//! consumed offset in the same transaction as their effects and writes their outcome to
-//! the results topic. Nobody waits for them; retries are deduplicated by command id
-//! (`ef-command-id`, else `<topic>:<partition>:<offset>`).
+//! Commands from the commands topics (Kafka mode): records produced to
+//! `<app>.<type>.commands` by any Kafka client (a key, a JSON value, an `ef-type` header),
+//! or by another instance on behalf of an HTTP caller, are decoded and handed to the
+//! owning partition's processor, which commits their consumed offset in the same
+//! transaction as their effects and writes their outcome to the results topic.
+//! Retries are deduplicated by command id (`ef-command-id`, else
+//! `<topic>:<partition>:<offset>`).
 //!
-//! This first version reads every partition of the topic itself (one instance owns all
-//! partitions); ownership by consumer-group assignment comes with multi-instance mode.
+//! Ownership is the consumer group's: one member per instance reads every aggregate
+//! type's commands topic ([`Log::join`](eventfold_log::Log::join)); the dispatcher here
+//! turns its assignments and revocations into processor [`Control`]s and its records
+//! into jobs.
 
-use crate::processor::{Job, SourceControl};
+use crate::processor::{Control, Job};
+use async_trait::async_trait;
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::{Aggregate, Record, codec};
-use eventfold_log::{Follower, Log};
+use eventfold_log::{GroupEvent, Membership};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// Reads the commands topic of `A` from the group's committed offsets on, forever; after a
-/// partition recovered from a failed commit (`ctl.rewind`), again from the committed
-/// offsets, under a new epoch.
-pub(crate) async fn run<A: Aggregate>(
-    log: Arc<dyn Log>,
-    topic: Arc<str>,
-    group: String,
-    senders: Vec<mpsc::Sender<Job<A>>>,
-    ctl: Arc<SourceControl>,
-) {
-    loop {
-        let epoch = ctl.epoch.load(Ordering::Acquire);
-        let mut next = Vec::with_capacity(senders.len());
-        for p in 0..senders.len() as u32 {
-            let from = loop {
-                match log.committed_offset(&group, &topic, p).await {
-                    Ok(o) => break o.unwrap_or(0),
-                    Err(e) => {
-                        tracing::warn!(%topic, partition = p, error = %e, "cannot read the committed offset; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            };
-            next.push(from);
-        }
-        tracing::info!(%topic, %group, epoch, "consuming commands from the topic");
-        let starts: Vec<(u32, u64)> = next.iter().enumerate().map(|(p, o)| (p as u32, *o)).collect();
-        match log.follow(&topic, &starts) {
-            Ok(follower) => {
-                if !follow(follower, &topic, &senders, epoch, &ctl).await {
-                    return;
-                }
-                tracing::info!(%topic, "a partition recovered: following again from the committed offsets");
-            }
-            Err(e) => {
-                tracing::info!(%topic, reason = %e, "polling the commands topic");
-                return poll(log, &topic, next, &senders).await;
-            }
-        }
-    }
+/// One aggregate type's processors, as the group dispatcher sees them.
+#[async_trait]
+pub(crate) trait GroupMember: Send + Sync {
+    /// Partition `p` is ours from `epoch` on.
+    fn assign(&self, p: u32, epoch: u64);
+    /// Partition `p` goes away; resolves once its processor let it go.
+    fn revoke(&self, p: u32) -> oneshot::Receiver<()>;
+    /// Hands records to `p`'s processor (waits for room); false once the runtime stopped.
+    async fn deliver(&self, p: u32, epoch: u64, records: Vec<(u64, Record)>) -> bool;
 }
 
-/// Hands the records of a live follower to the processors until the runtime shuts down
-/// (false) or a rewind is asked for (true).
-async fn follow<A: Aggregate>(
-    mut follower: Follower,
-    topic: &str,
-    senders: &[mpsc::Sender<Job<A>>],
-    epoch: u64,
-    ctl: &SourceControl,
-) -> bool {
-    let partitions = senders.len() as u32;
-    loop {
-        let batch = tokio::select! {
-            batch = follower.next() => batch,
-            () = ctl.rewind.notified() => return true,
+/// The [`GroupMember`] of aggregate type `A`.
+pub(crate) struct TypedMember<A: Aggregate> {
+    pub topic: Arc<str>,
+    pub partitions: Vec<(mpsc::UnboundedSender<Control>, mpsc::Sender<Job<A>>)>,
+}
+
+#[async_trait]
+impl<A: Aggregate> GroupMember for TypedMember<A> {
+    fn assign(&self, p: u32, epoch: u64) {
+        if let Some((ctl, _)) = self.partitions.get(p as usize) {
+            let _ = ctl.send(Control::Assign { epoch });
+        }
+    }
+
+    fn revoke(&self, p: u32) -> oneshot::Receiver<()> {
+        let (done, rx) = oneshot::channel();
+        if let Some((ctl, _)) = self.partitions.get(p as usize) {
+            let _ = ctl.send(Control::Revoke { done });
+        }
+        rx
+    }
+
+    async fn deliver(&self, p: u32, epoch: u64, records: Vec<(u64, Record)>) -> bool {
+        let Some((_, tx)) = self.partitions.get(p as usize) else {
+            return true;
         };
-        let Some(batch) = batch else {
-            return false;
-        };
-        let (p, records) = match batch {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(%topic, error = %e, "following the commands topic failed; it retries");
-                continue;
-            }
-        };
-        let Some(tx) = senders.get(p as usize) else {
-            continue;
-        };
+        let n = self.partitions.len() as u32;
         for (offset, record) in records {
             // Backpressure: wait for room in the processor's queue.
             if tx
-                .send(job::<A>(topic, p, partitions, offset, epoch, &record))
+                .send(job::<A>(&self.topic, p, n, offset, epoch, &record))
                 .await
                 .is_err()
             {
-                return false; // the runtime is shutting down
+                return false;
             }
         }
+        true
     }
 }
 
-/// Polls every partition with [`Log::read`], for logs that cannot follow.
-async fn poll<A: Aggregate>(log: Arc<dyn Log>, topic: &str, mut next: Vec<u64>, senders: &[mpsc::Sender<Job<A>>]) {
-    loop {
-        let mut idle = true;
-        for (p, tx) in senders.iter().enumerate() {
-            let records = match log.read(topic, p as u32, next[p], 512).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(%topic, partition = p, error = %e, "reading commands failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
+/// Runs the consumer group membership until the runtime stops: assignments and
+/// revocations go to the processors (a revocation is answered once every revoked
+/// partition's processor let go, bounded by `revoke_timeout`), records to their
+/// partition's processor. `joined` is set at the first assignment; `changed` runs after
+/// every ownership change.
+pub(crate) async fn run_group(
+    mut membership: Membership,
+    members: HashMap<Arc<str>, Arc<dyn GroupMember>>,
+    joined: Arc<AtomicBool>,
+    changed: Arc<dyn Fn() + Send + Sync>,
+    revoke_timeout: Duration,
+) {
+    while let Some(event) = membership.next().await {
+        match event {
+            GroupEvent::Assigned(list) => {
+                for (topic, p, epoch) in list {
+                    if let Some(m) = members.get(&topic) {
+                        m.assign(p, epoch);
+                    }
                 }
-            };
-            for (offset, record) in records {
-                idle = false;
-                next[p] = offset + 1;
-                // Backpressure: wait for room in the processor's queue.
-                let job = job::<A>(topic, p as u32, senders.len() as u32, offset, 0, &record);
-                if tx.send(job).await.is_err() {
+                joined.store(true, Ordering::Release);
+                changed();
+            }
+            GroupEvent::Revoked { partitions, lost, done } => {
+                let waits: Vec<_> = partitions
+                    .iter()
+                    .filter_map(|(t, p)| members.get(t).map(|m| m.revoke(*p)))
+                    .collect();
+                let deadline = tokio::time::Instant::now() + revoke_timeout;
+                for w in waits {
+                    if tokio::time::timeout_at(deadline, w).await.is_err() {
+                        tracing::warn!(lost, "a revoked partition did not finish its in-flight work in time");
+                        break;
+                    }
+                }
+                done.done();
+                changed();
+            }
+            GroupEvent::Records {
+                topic,
+                partition,
+                epoch,
+                records,
+            } => {
+                if let Some(m) = members.get(&topic)
+                    && !m.deliver(partition, epoch, records).await
+                {
                     return; // the runtime is shutting down
                 }
             }
-        }
-        if idle {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            GroupEvent::Error(e) => tracing::warn!(error = %e, "consumer group"),
         }
     }
 }
@@ -163,10 +163,14 @@ fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, 
             .unwrap_or_else(|| command_id.clone()),
         command_id,
         command,
-        expected_version: None,
+        expected_version: r.header_str(headers::EXPECTED_VERSION).and_then(|v| v.parse().ok()),
         consumed: Some(offset + 1),
         keyed: true,
         epoch,
+        reply_partition: r
+            .header_str(headers::REPLY_PARTITION)
+            .and_then(|v| v.parse().ok())
+            .filter(|r| *r < partitions),
         reply,
     }
 }

@@ -65,6 +65,13 @@ pub struct ServeOptions {
     /// partition recovers from the committed state once the broker answers again.
     #[arg(long, env = "EVENTFOLD_KAFKA_TIMEOUT_SECS", default_value_t = 30)]
     pub kafka_timeout_secs: u64,
+    /// Kafka mode: seconds the consumer group waits for a silent instance before it moves
+    /// the instance's partitions to the others (`session.timeout.ms`). Instances are static
+    /// group members (`group.instance.id` = `<app-id>-<instance-id>`): one restarted within
+    /// this time gets its partitions back without a rebalance; one stopped for good, even
+    /// cleanly, hands them over only after it.
+    #[arg(long, env = "EVENTFOLD_KAFKA_SESSION_TIMEOUT_SECS", default_value_t = 10)]
+    pub kafka_session_timeout_secs: u64,
 }
 
 impl ServeOptions {
@@ -162,6 +169,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
             let kafka = KafkaOptions {
                 committers: opts.kafka_committers,
                 operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
+                session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
                 ..KafkaOptions::new(
                     bootstrap,
                     opts.partitions,
@@ -175,6 +183,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
     };
     let options = RuntimeOptions {
         app_id: opts.app_id.clone(),
+        instance_id: opts.instance_id.clone(),
         dedup_window: Duration::from_secs(opts.dedup_window_secs),
         command_timeout: Duration::from_secs(opts.command_timeout_secs),
         ..Default::default()

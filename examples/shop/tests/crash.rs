@@ -223,6 +223,8 @@ impl Drop for Server {
 struct Shared {
     /// Base URL of the current child (the port may change on restart).
     base: RwLock<String>,
+    /// Base URL of the second instance, when there is one: clients send to either.
+    peer: RwLock<Option<String>>,
     /// Set when the killer is done: finish the outstanding command, then stop.
     stop: AtomicBool,
     started: Instant,
@@ -313,7 +315,11 @@ async fn submit(
         if shared.started.elapsed() > HARD_BUDGET {
             return None;
         }
-        let base = shared.base.read().unwrap().clone();
+        let peer = shared.peer.read().unwrap().clone();
+        let base = match peer {
+            Some(peer) if rng.random_bool(0.5) => peer,
+            _ => shared.base.read().unwrap().clone(),
+        };
         let url = format!("{base}/v1/aggregates/order/{order}/commands");
         *attempts += 1;
         let reason = match http
@@ -688,6 +694,25 @@ async fn sigkill_under_load_keeps_invariants_on_kafka() {
     crash_run(args, Some((bootstrap, app))).await;
 }
 
+/// Two instances of one app on Kafka share the partitions through the consumer group;
+/// clients send to either (commands for the other's partitions go through the commands
+/// topic and come back on the results topic). One or the other is SIGKILLed at random
+/// instants and restarted; at the end one instance owns every partition, and the same
+/// invariants are checked over HTTP and by an independent read_committed consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_one_killed_at_a_time_keep_invariants_on_kafka() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("duo{}", rand::random::<u32>());
+    let args = vec![
+        "--kafka".to_owned(),
+        bootstrap.clone(),
+        "--app-id".to_owned(),
+        app.clone(),
+    ];
+    crash_run_with(args, Some((bootstrap, app)), Disruption::KillOneOfTwo).await;
+}
+
 /// A broker restarted twice in the middle of load (a broker of this test's own: the shared
 /// one serves the other tests): the service recovers by itself (failed transactions are
 /// retried from the committed state; no restart of the shop), and the same invariants
@@ -757,13 +782,36 @@ impl Drop for OwnBroker {
     }
 }
 
+/// Waits until the instance at `base` owns every partition (the consumer group moved the
+/// stopped instance's partitions to it) and has restored them.
+async fn wait_owns_all(http: &reqwest::Client, base: &str, failures: &mut Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = get(http, &format!("{base}/readyz")).await;
+        if status == 200 && body["owned_partitions"] == body["partitions"] {
+            return;
+        }
+        if Instant::now() > deadline {
+            return failures.push(format!(
+                "the remaining instance did not own every partition within 60 s: {body}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// What the test does to the service under load.
 enum Disruption<'a> {
     /// SIGKILL the shop at random instants (and restart it).
     KillShop,
     /// Restart the broker (keeping its data) while the shop keeps running.
     BrokerRestarts(&'a OwnBroker),
+    /// Two instances (Kafka): SIGKILL one of them at random instants (and restart it).
+    KillOneOfTwo,
 }
+
+/// Kills of the two-instance test (its restarts wait for the consumer group).
+const DUO_KILLS: u32 = 10;
 
 /// Broker restarts per broker test (each takes a few seconds).
 const BROKER_RESTARTS: u32 = 2;
@@ -796,9 +844,28 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         .build()
         .expect("http client");
 
-    let mut server = Server::new(&data_dir, &stderr_path, extra_args);
+    let duo = matches!(disruption, Disruption::KillOneOfTwo);
+    let with_id = |id: &str| {
+        let mut args = extra_args.clone();
+        if duo {
+            args.extend(["--instance-id".to_owned(), id.to_owned()]);
+        }
+        args
+    };
+    let mut server = Server::new(&data_dir, &stderr_path, with_id("a"));
+    let mut peer = duo.then(|| {
+        Server::new(
+            &dir.path().join("data-b"),
+            &dir.path().join("shop-b.stderr"),
+            with_id("b"),
+        )
+    });
     server.start(&http).await;
+    if let Some(peer) = &mut peer {
+        peer.start(&http).await;
+    }
     let shared = Arc::new(Shared {
+        peer: RwLock::new(peer.as_ref().map(Server::base)),
         base: RwLock::new(server.base()),
         stop: AtomicBool::new(false),
         started: Instant::now(),
@@ -816,6 +883,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     let mut startup_kills = 0;
     let mut restarts = 0;
     let mut recovery_failures = Vec::new();
+    let mut recovery_failures_after = Vec::new();
     if let Disruption::BrokerRestarts(broker) = &disruption {
         while restarts < BROKER_RESTARTS {
             tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
@@ -842,6 +910,18 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         // Some load after the last recovery too.
         tokio::time::sleep(Duration::from_secs(8)).await;
     }
+    while let Some(peer) = peer
+        .as_mut()
+        .filter(|_| kills < DUO_KILLS && shared.started.elapsed() < LOAD_BUDGET)
+    {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_DELAY_MS))).await;
+        let victim = if rng.random_bool(0.5) { &mut server } else { &mut *peer };
+        victim.kill();
+        kills += 1;
+        victim.start(&http).await;
+        *shared.base.write().unwrap() = server.base();
+        *shared.peer.write().unwrap() = Some(peer.base());
+    }
     while matches!(disruption, Disruption::KillShop) && kills < KILLS && shared.started.elapsed() < LOAD_BUDGET {
         tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_DELAY_MS))).await;
         server.kill();
@@ -865,14 +945,25 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     let drain_time = shared.started.elapsed() - load_time;
 
     // One more crash with no load, so the last acknowledgements are checked for durability too.
+    if let Some(peer) = &mut peer {
+        // The second instance goes for good: the first takes every partition over.
+        peer.kill();
+    }
     server.kill();
     kills += 1;
     server.start(&http).await;
     let base = server.base();
+    if duo {
+        wait_owns_all(&http, &base, &mut recovery_failures_after).await;
+    }
 
     // Checks.
     let mut failures = recovery_failures;
+    failures.append(&mut recovery_failures_after);
     if matches!(disruption, Disruption::KillShop) && kills <= KILLS {
+        failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
+    }
+    if duo && kills <= DUO_KILLS {
         failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
     }
     let orders = shared.next_order.load(Ordering::Relaxed) + 1; // + an id only ever refused
@@ -906,7 +997,10 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         failures.extend(check_independent(&events, &sent));
     }
 
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let mut stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    if let Some(peer) = &peer {
+        stderr.push_str(&std::fs::read_to_string(&peer.stderr_path).unwrap_or_default());
+    }
     let panics = stderr.lines().filter(|l| l.contains("panicked")).count();
     let errors = stderr.lines().filter(|l| l.contains("ERROR")).count();
     let warnings = stderr.lines().filter(|l| l.contains("WARN")).count();

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 /// cache (encoding runs on the caller's thread).
 pub(in crate::kafka) struct Job {
     appends: Vec<Append>,
+    /// Builds more records from the appends' offsets (`CommitUnit::then`).
+    then: Option<crate::Then>,
     encoded: Vec<EncodedRecord>,
     consumed: Vec<Consumed>,
     local: Batch,
@@ -41,6 +43,7 @@ impl Job {
             largest_record: unit.appends.iter().map(record_bytes).max().unwrap_or(0),
             bytes: unit.local.bytes() + encoded.iter().map(EncodedRecord::len).sum::<usize>(),
             appends: unit.appends,
+            then: unit.then,
             encoded,
             consumed: unit.consumed,
             local: unit.local,
@@ -63,7 +66,7 @@ impl Job {
     }
 
     fn needs_transaction(&self) -> bool {
-        !self.appends.is_empty() || !self.consumed.is_empty()
+        !self.appends.is_empty() || !self.consumed.is_empty() || self.then.is_some()
     }
 }
 
@@ -319,7 +322,7 @@ impl Committer {
         let write_started = Instant::now();
         let transacted = ready.iter().any(Job::needs_transaction);
         let offsets = if transacted {
-            match self.transact(&ready) {
+            match self.transact(&mut ready) {
                 Ok(offsets) => offsets,
                 Err(Failed(why)) => {
                     tracing::error!(error = %why, units = ready.len(), "Kafka transaction failed; its partitions are fenced");
@@ -457,15 +460,60 @@ impl Committer {
         Ok(())
     }
 
-    /// One transaction for all of `ready`; the offset of every append, in order.
-    fn transact(&mut self, ready: &[Job]) -> Result<Vec<u64>, Failed> {
+    /// One transaction for all of `ready`; the offset of every append, in order (each
+    /// job's own, then the ones its `then` added to it).
+    fn transact(&mut self, ready: &mut [Job]) -> Result<Vec<u64>, Failed> {
         self.producer().map_err(|e| Failed(e.to_string()))?;
-        self.seq += 1;
-        let seq = self.seq;
+        // Two sequence numbers: the records built from offsets are a second wave.
+        self.seq += 2;
+        let seq = self.seq - 1;
         self.transact_steps(ready, seq).map_err(|e| self.recover(e))
     }
 
-    fn transact_steps(&self, ready: &[Job], seq: u64) -> Result<Vec<u64>, TxError> {
+    /// Runs every job's `then` on its offsets, checks and produces what they built (a
+    /// second wave of the transaction, tagged `seq`), waits for its delivery reports, adds
+    /// the records to their jobs, and returns every offset in job order.
+    fn second_wave(&self, ready: &mut [Job], first: &[u64], seq: u64) -> Result<Vec<u64>, TxError> {
+        let mut built: Vec<Vec<Append>> = Vec::with_capacity(ready.len());
+        let mut at = 0;
+        for job in ready.iter_mut() {
+            let mine = &first[at..at + job.appends.len()];
+            at += job.appends.len();
+            let more = job.then.take().map(|t| t.run(mine)).unwrap_or_default();
+            for a in &more {
+                let checked = self
+                    .shared
+                    .check_partition(&a.topic, a.partition)
+                    .and_then(|()| Store::check_key("topic", &a.topic).map_err(Error::from))
+                    .and_then(|()| self.shared.provisioner.ensure(&a.topic));
+                checked.map_err(|e| TxError::Other("then", e.to_string()))?;
+            }
+            built.push(more);
+        }
+        let count: usize = built.iter().map(Vec::len).sum();
+        let second = if count == 0 {
+            Vec::new()
+        } else {
+            let producer = self.producer.as_ref().expect("built by transact");
+            producer.context().reset(seq, count);
+            self.produce(built.iter().flatten(), seq)
+                .map_err(|e| TxError::Kafka("produce", e))?;
+            self.delivered(seq)?
+        };
+        let mut offsets = Vec::with_capacity(first.len() + count);
+        let (mut at, mut at2) = (0, 0);
+        for (job, more) in ready.iter_mut().zip(built) {
+            offsets.extend_from_slice(&first[at..at + job.appends.len()]);
+            at += job.appends.len();
+            offsets.extend_from_slice(&second[at2..at2 + more.len()]);
+            at2 += more.len();
+            job.encoded.extend(more.iter().map(|a| EncodedRecord::new(&a.record)));
+            job.appends.extend(more);
+        }
+        Ok(offsets)
+    }
+
+    fn transact_steps(&self, ready: &mut [Job], seq: u64) -> Result<Vec<u64>, TxError> {
         let timeout = self.shared.options.operation_timeout;
         let producer = self.producer.as_ref().expect("built by transact");
         let records: usize = ready.iter().map(|j| j.appends.len()).sum();
@@ -481,7 +529,8 @@ impl Committer {
         // Every record delivered, with its offset, before the commit: then a commit
         // that succeeds can be answered at once with every offset. (Not `flush`: the
         // BaseProducer's flush polls in whole 100 ms slices.)
-        let offsets = self.delivered(seq)?;
+        let first = self.delivered(seq)?;
+        let offsets = self.second_wave(ready, &first, seq + 1)?;
         // rust-rdkafka's commit_transaction flushes first, and its flush sleeps a whole
         // 100 ms poll whenever the producer's queue is not empty at that instant (the
         // ThreadedProducer's own thread serves it concurrently): that was a 100 ms stall in
@@ -514,9 +563,13 @@ impl Committer {
     }
 
     fn produce_all(&self, ready: &[Job], seq: u64) -> Result<(), KafkaError> {
+        self.produce(ready.iter().flat_map(|j| &j.appends), seq)
+    }
+
+    /// Produces `appends` to their explicit partitions, tagged `seq` and their index.
+    fn produce<'a>(&self, appends: impl Iterator<Item = &'a Append>, seq: u64) -> Result<(), KafkaError> {
         let producer = self.producer.as_ref().expect("built by transact");
         let deadline = Instant::now() + self.shared.options.operation_timeout;
-        let appends = ready.iter().flat_map(|j| &j.appends);
         for (index, a) in appends.enumerate() {
             let r = &a.record;
             let headers = r

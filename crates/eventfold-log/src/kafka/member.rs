@@ -112,10 +112,10 @@ impl ConsumerContext for MemberContext {
                         (tp.0, tp.1, e)
                     })
                     .collect();
-                if !assigned.is_empty() {
-                    tracing::info!(group = %s.group, partitions = assigned.len(), "partitions assigned");
-                    let _ = s.events.blocking_send(GroupEvent::Assigned(assigned));
-                }
+                // Sent even when empty: the member has joined (an instance with nothing
+                // to own is ready).
+                tracing::info!(group = %s.group, partitions = assigned.len(), "partitions assigned");
+                let _ = s.events.blocking_send(GroupEvent::Assigned(assigned));
             }
             Rebalance::Error(e) => {
                 tracing::error!(group = %s.group, error = %e, "rebalance failed");
@@ -205,6 +205,10 @@ pub(super) fn join(
     config
         .set("enable.partition.eof", "false")
         .set("partition.assignment.strategy", "cooperative-sticky")
+        // Static membership (KIP-345): a restarted instance takes its previous member's
+        // place, and its partitions back, without a rebalance if it returns within the
+        // session timeout; its previous incarnation is fenced (FENCED_INSTANCE_ID).
+        .set("group.instance.id", &options.transactional_id)
         .set("session.timeout.ms", &session_ms)
         .set("heartbeat.interval.ms", &heartbeat_ms)
         // Records wait in the broker up to this long when the partition has none: the
