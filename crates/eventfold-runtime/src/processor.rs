@@ -60,6 +60,7 @@ impl PartitionShared {
         match self.state.load(Ordering::Acquire) {
             0 => PartitionState::Restoring,
             1 => PartitionState::Ready,
+            3 => PartitionState::Remote,
             _ => PartitionState::Failed,
         }
     }
@@ -68,6 +69,7 @@ impl PartitionShared {
             PartitionState::Restoring => 0,
             PartitionState::Ready => 1,
             PartitionState::Failed => 2,
+            PartitionState::Remote => 3,
         };
         self.state.store(v, Ordering::Release);
     }

@@ -517,6 +517,7 @@ impl Runtime {
                 PartitionState::Ready => 1,
                 PartitionState::Restoring => 0,
                 PartitionState::Failed => -1,
+                PartitionState::Remote => 0,
             };
             let _ = writeln!(
                 out,

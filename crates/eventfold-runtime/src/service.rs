@@ -50,6 +50,8 @@ pub enum PartitionState {
     Ready,
     /// Stopped after a fatal error.
     Failed,
+    /// Owned by another instance (Kafka mode).
+    Remote,
 }
 
 /// What `/readyz` and `/v1/cluster` show of a partition.
