@@ -3,7 +3,9 @@
 //! Every error leaves through [`ApiError`], so every error body is
 //! `{"error": <stable code>, "message": <sentence>}`.
 
+pub mod cluster;
 mod error;
+pub mod forward;
 mod routes;
 mod views;
 

@@ -13,6 +13,7 @@
 
 mod changelog;
 pub mod clock;
+pub mod cluster;
 pub mod error;
 pub mod metrics;
 mod processor;
@@ -23,6 +24,7 @@ mod source;
 pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use cluster::{InstanceInfo, Registry};
 pub use error::{Error, Result};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
 pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};
