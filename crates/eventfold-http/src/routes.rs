@@ -1,16 +1,20 @@
 //! Routes and handlers of the HTTP API.
 
 use crate::error::ApiError;
+use crate::forward::Forwarder;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{FromRequestParts, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use eventfold_core::Outcome;
-use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Runtime, ViewState};
+use eventfold_core::partition::partition_for;
+use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Registry, Runtime, ViewState};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::json;
@@ -32,6 +36,12 @@ pub struct HttpOptions {
     pub advertised_address: String,
     /// How long a view query waits for its `min_position` before 504 (5 s).
     pub view_wait: Duration,
+    /// Kafka mode with several instances: who owns which partition. Reads of an aggregate
+    /// whose partition another instance owns are forwarded there (one hop), and
+    /// `/v1/cluster` lists the instances. `None`: every partition is served here.
+    pub registry: Option<Arc<Registry>>,
+    /// How long a forwarded request waits for the owner's answer to start (10 s).
+    pub forward_timeout: Duration,
 }
 
 impl Default for HttpOptions {
@@ -41,6 +51,8 @@ impl Default for HttpOptions {
             max_events_page: 1000,
             advertised_address: String::new(),
             view_wait: Duration::from_secs(5),
+            registry: None,
+            forward_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -49,19 +61,29 @@ impl Default for HttpOptions {
 pub(crate) struct App {
     pub(crate) runtime: Runtime,
     pub(crate) options: Arc<HttpOptions>,
+    /// Sends reads to the owning instance (with a registry only).
+    forwarder: Option<Forwarder>,
 }
 
 /// The API router over `runtime`.
 pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
     let limit = options.max_body_bytes;
+    let forwarder = options
+        .registry
+        .as_ref()
+        .map(|r| Forwarder::new(r.instance_id(), options.forward_timeout));
     let app = App {
         runtime,
         options: Arc::new(options),
+        forwarder,
     };
-    Router::new()
-        .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
+    let reads = Router::new()
         .route("/v1/aggregates/{type}/{id}", get(get_state))
         .route("/v1/aggregates/{type}/{id}/events", get(get_events))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), to_owner));
+    Router::new()
+        .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
+        .merge(reads)
         .route("/v1/views/{view}", get(crate::views::query))
         .route("/v1/views/{view}/{key}", get(crate::views::get_row))
         .route("/v1/cluster", get(cluster))
@@ -88,6 +110,47 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
         "method_not_allowed",
         format!("{method} is not allowed on {}", uri.path()),
     )
+}
+
+/// Forwards a read of an aggregate whose partition another instance owns to that owner
+/// (once: a forwarded request is answered where it lands). No live owner known: 503.
+async fn to_owner(State(app): State<App>, req: Request, next: Next) -> Response {
+    let (Some(forwarder), Some(registry)) = (&app.forwarder, &app.options.registry) else {
+        return next.run(req).await;
+    };
+    if Forwarder::already_forwarded(req.headers()) {
+        return next.run(req).await;
+    }
+    let (mut parts, body) = req.into_parts();
+    let target = Path::<(String, String)>::from_request_parts(&mut parts, &app)
+        .await
+        .ok()
+        .and_then(|Path((ty, id))| {
+            let svc = app.runtime.aggregate(&ty).ok()?;
+            svc.owner_is_remote(&id).then_some((ty, id))
+        });
+    let req = Request::from_parts(parts, body);
+    let Some((ty, id)) = target else {
+        return next.run(req).await;
+    };
+    let p = partition_for(id.as_bytes(), app.runtime.log().partitions());
+    match registry.owner(&ty, p) {
+        Some(owner) if owner.instance_id != registry.instance_id() => forwarder.forward(&owner.http, req).await,
+        // The registry still shows this instance (the group just moved the partition):
+        // the local copy answers.
+        Some(_) => next.run(req).await,
+        None => {
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "owner_unavailable",
+                format!(
+                    "partition {p} of `{ty}` is owned by another instance and no live instance claims it yet (the consumer group is moving it); retry shortly"
+                ),
+            );
+            err.retry_after = Some(Duration::from_secs(1));
+            err.into_response()
+        }
+    }
 }
 
 fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, ApiError> {
@@ -271,16 +334,22 @@ fn follow(svc: Arc<dyn AggregateService>, id: String, from: u64) -> impl Stream<
 
 async fn cluster(State(app): State<App>) -> axum::Json<serde_json::Value> {
     let parts = app.runtime.partitions();
-    axum::Json(json!({
-        "backend": app.runtime.log().backend(),
-        "instances": [{
-            "instance_id": "local",
-            "http_address": app.options.advertised_address,
-            "partitions": (0..app.runtime.log().partitions()).collect::<Vec<_>>(),
-        }],
-        "partitions": parts,
-        "restoring": parts.iter().filter(|p| p.state == PartitionState::Restoring).count(),
-    }))
+    let mut body = crate::cluster::cluster_json(app.options.registry.as_deref(), &parts);
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("backend".into(), json!(app.runtime.log().backend()));
+        obj.insert(
+            "restoring".into(),
+            json!(parts.iter().filter(|p| p.state == PartitionState::Restoring).count()),
+        );
+        if app.options.registry.is_none()
+            && let Some(serde_json::Value::Array(instances)) = obj.get_mut("instances")
+            && let Some(serde_json::Value::Object(me)) = instances.first_mut()
+            && !app.options.advertised_address.is_empty()
+        {
+            me.insert("http".into(), json!(app.options.advertised_address));
+        }
+    }
+    axum::Json(body)
 }
 
 async fn healthz() -> axum::Json<serde_json::Value> {

@@ -103,7 +103,10 @@ pub struct CommitUnit {
 /// Builds more records of a unit from the offsets assigned to its appends (see
 /// [`CommitUnit::then`]). Runs on the log's committer, once the offsets are known and
 /// before the unit is durable; the records it returns are appended after the unit's own.
-pub struct Then(Box<dyn FnOnce(&[u64]) -> Vec<Append> + Send>);
+pub struct Then(Box<BuildFromOffsets>);
+
+/// What a [`Then`] runs.
+type BuildFromOffsets = dyn FnOnce(&[u64]) -> Vec<Append> + Send;
 
 impl Then {
     /// Wraps `f`, which gets the offset of each of the unit's appends, in order.

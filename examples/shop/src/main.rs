@@ -104,5 +104,9 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         eprintln!("shop: shutting down");
     };
     eventfold::http::serve(listener, shop.router, shutdown).await?;
+    if let Some(registry) = shop.registry {
+        // Others stop forwarding here at once rather than after the heartbeats run out.
+        registry.leave().await;
+    }
     Ok(())
 }

@@ -9,7 +9,7 @@ use eventfold::log::Log;
 use eventfold::log::embedded::{self, EmbeddedLog};
 use eventfold::log::kafka::{KafkaLog, KafkaOptions};
 use eventfold::rebuild::ProgressDrawTarget;
-use eventfold::runtime::{RebuildStats, Runtime, RuntimeOptions, ViewOptions};
+use eventfold::runtime::{RebuildStats, Registry, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,9 +37,14 @@ pub struct ServeOptions {
     /// Partitions per topic. Fixed when the data directory is created.
     #[arg(long, env = "EVENTFOLD_PARTITIONS", default_value_t = 8)]
     pub partitions: u32,
-    /// Instance id (shown in /v1/cluster; used for routing in Kafka mode).
+    /// Instance id (shown in /v1/cluster; used for routing in Kafka mode). Every instance
+    /// of one app needs its own, stable across its restarts.
     #[arg(long, env = "EVENTFOLD_INSTANCE_ID", default_value = "local")]
     pub instance_id: String,
+    /// Kafka mode: the base URL other instances forward reads to [default:
+    /// http://<--http>]. Set it when --http listens on 0.0.0.0 or behind a proxy.
+    #[arg(long, env = "EVENTFOLD_ADVERTISED_HTTP")]
+    pub advertised_http: Option<String>,
     /// How long an Idempotency-Key is remembered, in seconds.
     #[arg(long, env = "EVENTFOLD_DEDUP_WINDOW_SECS", default_value_t = 24 * 3600)]
     pub dedup_window_secs: u64,
@@ -94,6 +99,10 @@ impl ServeOptions {
     }
 }
 
+/// How often an instance renews its `_instances` entry; one silent for three of these is
+/// taken for gone.
+const REGISTRY_HEARTBEAT: Duration = Duration::from_secs(2);
+
 /// The names of the shop's views, for messages.
 pub const VIEWS: [&str; 2] = [OrdersView::VIEW, CustomersView::VIEW];
 
@@ -143,6 +152,8 @@ pub struct Shop {
     pub runtime: Runtime,
     /// The HTTP API.
     pub router: eventfold::http::Router,
+    /// Kafka mode: this instance's entry in `<app-id>._instances` (leave it on shutdown).
+    pub registry: Option<Arc<Registry>>,
 }
 
 /// Opens the store and starts the runtime (must run inside a tokio runtime).
@@ -188,7 +199,32 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         command_timeout: Duration::from_secs(opts.command_timeout_secs),
         ..Default::default()
     };
-    let runtime = Runtime::builder(options)
+    let advertised = opts
+        .advertised_http
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", opts.http));
+    // Kafka mode: announce this instance and the partitions it owns, for routing.
+    let registry = match &opts.kafka {
+        None => None,
+        Some(_) => Some(
+            tokio::task::block_in_place(|| {
+                Registry::start(
+                    log.clone(),
+                    &opts.app_id,
+                    &opts.instance_id,
+                    &advertised,
+                    REGISTRY_HEARTBEAT,
+                )
+            })
+            .context("cannot announce this instance on the _instances topic")?,
+        ),
+    };
+    let mut builder = Runtime::builder(options);
+    if let Some(r) = &registry {
+        let r = r.clone();
+        builder = builder.on_ownership(Arc::new(move |owned| r.set_owned(owned)));
+    }
+    let runtime = builder
         .aggregate::<Order>(())
         .aggregate::<Payment>(PaymentConfig {
             decline_above_cents: opts.decline_above_cents,
@@ -199,9 +235,14 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         .build(log);
     let http = HttpOptions {
         max_body_bytes: opts.max_body_bytes,
-        advertised_address: format!("http://{}", opts.http),
+        advertised_address: advertised,
+        registry: registry.clone(),
         ..Default::default()
     };
     let router = eventfold::http::router(runtime.clone(), http);
-    Ok(Shop { runtime, router })
+    Ok(Shop {
+        runtime,
+        router,
+        registry,
+    })
 }

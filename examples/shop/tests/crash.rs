@@ -800,6 +800,33 @@ async fn wait_owns_all(http: &reqwest::Client, base: &str, failures: &mut Vec<St
     }
 }
 
+/// Waits until the instances at `bases` are ready and own every partition between them,
+/// and their announcements have had time to reach each other.
+async fn wait_split(http: &reqwest::Client, bases: &[String], failures: &mut Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut owned = 0;
+        let mut total = 0;
+        let mut ready = true;
+        for base in bases {
+            let (status, body) = get(http, &format!("{base}/readyz")).await;
+            ready &= status == 200;
+            owned += body["owned_partitions"].as_u64().unwrap_or(0);
+            total = body["partitions"].as_u64().unwrap_or(0);
+        }
+        if ready && total > 0 && owned == total {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return;
+        }
+        if Instant::now() > deadline {
+            return failures.push(format!(
+                "the two instances did not split the partitions within 60 s ({owned} of {total} owned)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// What the test does to the service under load.
 enum Disruption<'a> {
     /// SIGKILL the shop at random instants (and restart it).
@@ -944,6 +971,22 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     }
     let drain_time = shared.started.elapsed() - load_time;
 
+    // Reads through either instance agree: each forwards reads of the other's partitions.
+    let mut forwarding_failures = Vec::new();
+    if let Some(peer) = &peer {
+        let orders = shared.next_order.load(Ordering::Relaxed) + 1;
+        wait_split(&http, &[server.base(), peer.base()], &mut forwarding_failures).await;
+        let (via_a, via_b) = (
+            read_log(&http, &server.base(), orders).await,
+            read_log(&http, &peer.base(), orders).await,
+        );
+        if via_a != via_b {
+            let differ = via_a.iter().filter(|(n, e)| via_b.get(n) != Some(e)).count();
+            forwarding_failures.push(format!(
+                "reads through the two instances differ for {differ} of {orders} orders"
+            ));
+        }
+    }
     // One more crash with no load, so the last acknowledgements are checked for durability too.
     if let Some(peer) = &mut peer {
         // The second instance goes for good: the first takes every partition over.
@@ -960,6 +1003,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     // Checks.
     let mut failures = recovery_failures;
     failures.append(&mut recovery_failures_after);
+    failures.append(&mut forwarding_failures);
     if matches!(disruption, Disruption::KillShop) && kills <= KILLS {
         failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
     }
