@@ -183,6 +183,9 @@ pub(crate) struct Processor<A: Aggregate> {
     pub(crate) member: Option<Arc<std::sync::OnceLock<Arc<dyn MemberControl>>>>,
     /// Whether this instance owns the partition (always, without a consumer group).
     owned: bool,
+    /// Ownership comes from a consumer group: every written unit carries the consumed
+    /// offset, whose commit checks the group generation.
+    fenced_by_group: bool,
     /// Records of the commands topic fetched before this epoch were handed over before
     /// the last assignment or recovery: dropped (the group member reads them again).
     min_epoch: u64,
@@ -217,6 +220,7 @@ impl<A: Aggregate> Processor<A> {
             recovering: None,
             member: None,
             owned: true,
+            fenced_by_group: false,
             min_epoch: 0,
             consumed_hwm: 0,
         }
@@ -243,6 +247,7 @@ impl<A: Aggregate> Processor<A> {
     pub async fn run(mut self, mut rx: mpsc::Receiver<Job<A>>, mut control: Option<mpsc::UnboundedReceiver<Control>>) {
         if control.is_some() {
             self.owned = false;
+            self.fenced_by_group = true;
             self.shared.set_state(PartitionState::Remote);
         } else if let Err(e) = self.restore().await {
             self.fail(format!("restore failed: {e}"));
@@ -374,6 +379,7 @@ impl<A: Aggregate> Processor<A> {
             match tokio::task::spawn_blocking(move || m.seek(&t, p, from)).await {
                 Ok(Ok(epoch)) => {
                     self.min_epoch = epoch;
+                    self.consumed_hwm = from;
                     return tracing::info!(
                         aggregate = A::TYPE,
                         partition = p,
@@ -419,7 +425,10 @@ impl<A: Aggregate> Processor<A> {
                 .committed_offset(&self.cfg.group, &self.cfg.topics.commands, p)
                 .await;
             let result = match stable {
-                Ok(_) => self.restore().await,
+                Ok(committed) => {
+                    self.consumed_hwm = committed.unwrap_or(0);
+                    self.restore().await
+                }
                 Err(e) => Err(e.into()),
             };
             match result {
@@ -868,13 +877,20 @@ impl<A: Aggregate> Processor<A> {
                 id
             })
             .collect();
-        if let Some(next_offset) = consumed_next.filter(|n| *n > self.consumed_hwm) {
+        let advanced = consumed_next.filter(|n| *n > self.consumed_hwm);
+        if let Some(next_offset) = advanced {
             self.consumed_hwm = next_offset;
+        }
+        // With a consumer group, every unit that writes commits the partition's consumed
+        // offset (unchanged if it consumed nothing): the broker checks the group generation
+        // then, so an instance the group has moved on from (a zombie, e.g. one that was
+        // paused) cannot write to a partition that another instance owns now.
+        if advanced.is_some() || (self.fenced_by_group && written > 0) {
             unit.consumed.push(Consumed {
                 group: self.cfg.group.clone(),
                 topic: topics.commands.clone(),
                 partition: p,
-                next_offset,
+                next_offset: self.consumed_hwm,
             });
         }
         if !positioned.is_empty() {

@@ -77,6 +77,12 @@ pub struct ServeOptions {
     /// cleanly, hands them over only after it.
     #[arg(long, env = "EVENTFOLD_KAFKA_SESSION_TIMEOUT_SECS", default_value_t = 10)]
     pub kafka_session_timeout_secs: u64,
+    /// Kafka mode: seconds after which the broker aborts a transaction left open
+    /// (`transaction.timeout.ms`), e.g. by an instance that died mid-commit: until then it
+    /// holds back what readers of its partitions see. An instance paused longer than this
+    /// finds its producer fenced and stops (restart it).
+    #[arg(long, env = "EVENTFOLD_KAFKA_TRANSACTION_TIMEOUT_SECS", default_value_t = 10)]
+    pub kafka_transaction_timeout_secs: u64,
 }
 
 impl ServeOptions {
@@ -181,6 +187,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
                 committers: opts.kafka_committers,
                 operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
                 session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
+                transaction_timeout: Duration::from_secs(opts.kafka_transaction_timeout_secs.max(1)),
                 ..KafkaOptions::new(
                     bootstrap,
                     opts.partitions,

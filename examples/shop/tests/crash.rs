@@ -713,6 +713,30 @@ async fn two_instances_one_killed_at_a_time_keep_invariants_on_kafka() {
     crash_run_with(args, Some((bootstrap, app)), Disruption::KillOneOfTwo).await;
 }
 
+/// Zombie: of two instances under load, one is paused (SIGSTOP) until the consumer group
+/// has moved its partitions to the other. Meanwhile a command for one of its partitions,
+/// sent to the other instance, gets 504 (its outcome is unknown), and the same key
+/// retried once the partitions moved gets the definitive outcome. Then the paused one
+/// resumes (SIGCONT) with work in flight: its commits are refused (the group generation
+/// moved on), and the invariants hold, checked over HTTP and by an independent consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_instance_cannot_commit_once_its_partitions_moved_on_kafka() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("zombie{}", rand::random::<u32>());
+    let args = vec![
+        "--kafka".to_owned(),
+        bootstrap.clone(),
+        "--app-id".to_owned(),
+        app.clone(),
+        "--kafka-session-timeout-secs".to_owned(),
+        "6".to_owned(),
+        "--command-timeout-secs".to_owned(),
+        "3".to_owned(),
+    ];
+    crash_run_with(args, Some((bootstrap, app)), Disruption::PauseOne).await;
+}
+
 /// A broker restarted twice in the middle of load (a broker of this test's own: the shared
 /// one serves the other tests): the service recovers by itself (failed transactions are
 /// retried from the committed state; no restart of the shop), and the same invariants
@@ -835,6 +859,113 @@ enum Disruption<'a> {
     BrokerRestarts(&'a OwnBroker),
     /// Two instances (Kafka): SIGKILL one of them at random instants (and restart it).
     KillOneOfTwo,
+    /// Two instances (Kafka): SIGSTOP one until its partitions moved, then SIGCONT.
+    PauseOne,
+}
+
+/// Sends `signal` (e.g. `STOP`, `CONT`) to the server's process.
+fn signal(server: &Server, signal: &str) {
+    let pid = server.child.as_ref().expect("a running child").id();
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// Lines of `path` that tell of a refused Kafka transaction.
+fn refused_commits(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("Kafka transaction failed"))
+        .count()
+}
+
+/// The zombie round of [`Disruption::PauseOne`] (see the test's docs); the command it
+/// sends is added to `sent`.
+async fn zombie_round(
+    http: &reqwest::Client,
+    shared: &Shared,
+    live: &Server,
+    paused: &Server,
+    sent: &mut Vec<Sent>,
+    failures: &mut Vec<String>,
+) {
+    let (_, cluster) = get(http, &format!("{}/v1/cluster", live.base())).await;
+    let theirs: HashSet<u64> = cluster["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["aggregate"] == "order" && p["owner"] == "b")
+        .filter_map(|p| p["partition"].as_u64())
+        .collect();
+    if theirs.is_empty() {
+        return failures.push(format!("zombie: instance b owns no order partition: {cluster}"));
+    }
+    // A fresh order on one of the paused instance's partitions.
+    let n = loop {
+        let n = shared.next_order.fetch_add(1, Ordering::Relaxed);
+        let p = eventfold::core::partition::partition_for(order_id(n).as_bytes(), 8);
+        if theirs.contains(&u64::from(p)) {
+            break n;
+        }
+    };
+    let refused_before = refused_commits(&paused.stderr_path);
+    signal(paused, "STOP");
+    let order = order_id(n);
+    let key = "zombie-key".to_owned();
+    let command =
+        json!({"type": "PlaceOrder", "customer_id": "c-z", "items": [{"sku": "fig", "qty": 1, "price_cents": 5}]});
+    let url = format!("{}/v1/aggregates/order/{order}/commands", live.base());
+    let send = || http.post(&url).header("Idempotency-Key", &key).json(&command).send();
+    match send().await {
+        Ok(r) if r.status() == 504 => {
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            if body["error"] != "outcome_unknown" {
+                failures.push(format!("zombie: 504 without outcome_unknown: {body}"));
+            }
+        }
+        Ok(r) => failures.push(format!(
+            "zombie: a command for the paused instance's partition answered {} instead of 504",
+            r.status()
+        )),
+        Err(e) => failures.push(format!("zombie: the command failed: {e}")),
+    }
+    wait_owns_all(http, &live.base(), failures).await;
+    let answer = match send().await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+        Err(e) => (0, json!(e.to_string())),
+    };
+    if !matches!(answer.0, 200 | 422) {
+        failures.push(format!(
+            "zombie: the retry once the partitions moved answered {answer:?}"
+        ));
+    }
+    sent.push(Sent {
+        key,
+        order,
+        command,
+        answer: Some(answer),
+        attempts: 2,
+    });
+    signal(paused, "CONT");
+    wait_split(http, &[live.base(), paused.base()], failures).await;
+    if refused_commits(&paused.stderr_path) <= refused_before {
+        failures.push("zombie: the resumed instance had no commit refused: the pause did not test fencing".into());
+    }
+    let log = std::fs::read_to_string(&paused.stderr_path).unwrap_or_default();
+    if let Some(line) = log
+        .lines()
+        .filter(|l| l.contains("Kafka transaction failed"))
+        .nth(refused_before)
+    {
+        eprintln!("crash test: the resumed instance's first refused commit: {line}");
+    }
 }
 
 /// Kills of the two-instance test (its restarts wait for the consumer group).
@@ -871,7 +1002,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         .build()
         .expect("http client");
 
-    let duo = matches!(disruption, Disruption::KillOneOfTwo);
+    let duo = matches!(disruption, Disruption::KillOneOfTwo | Disruption::PauseOne);
     let with_id = |id: &str| {
         let mut args = extra_args.clone();
         if duo {
@@ -937,9 +1068,10 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         // Some load after the last recovery too.
         tokio::time::sleep(Duration::from_secs(8)).await;
     }
+    let kill_one_of_two = matches!(disruption, Disruption::KillOneOfTwo);
     while let Some(peer) = peer
         .as_mut()
-        .filter(|_| kills < DUO_KILLS && shared.started.elapsed() < LOAD_BUDGET)
+        .filter(|_| kill_one_of_two && kills < DUO_KILLS && shared.started.elapsed() < LOAD_BUDGET)
     {
         tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_DELAY_MS))).await;
         let victim = if rng.random_bool(0.5) { &mut server } else { &mut *peer };
@@ -963,9 +1095,15 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         server.start(&http).await;
         *shared.base.write().unwrap() = server.base();
     }
+    let mut sent: Vec<Sent> = Vec::new();
+    if let (Disruption::PauseOne, Some(peer)) = (&disruption, peer.as_ref()) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        zombie_round(&http, &shared, &server, peer, &mut sent, &mut recovery_failures).await;
+        // Some load after the zombie resumed too.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     let load_time = shared.started.elapsed();
     shared.stop.store(true, Ordering::Relaxed);
-    let mut sent: Vec<Sent> = Vec::new();
     for c in clients {
         sent.extend(c.await.expect("client task"));
     }
@@ -1007,7 +1145,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     if matches!(disruption, Disruption::KillShop) && kills <= KILLS {
         failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
     }
-    if duo && kills <= DUO_KILLS {
+    if kill_one_of_two && kills <= DUO_KILLS {
         failures.push(format!("only {kills} kills within {LOAD_BUDGET:?}"));
     }
     let orders = shared.next_order.load(Ordering::Relaxed) + 1; // + an id only ever refused

@@ -227,9 +227,20 @@ impl Clients {
         metadata.ok_or_else(|| Error::Kafka(format!("no consumer group metadata for group `{group}`")))
     }
 
-    /// Joins `group` as a member reading `topics` (see `member.rs`).
-    pub(super) fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
-        let (membership, control) = super::member::join(&self.options, group, topics)?;
+    /// Whether this log is a member of a consumer group (see `Committer::poison`).
+    pub(super) fn has_joined(&self) -> bool {
+        !self.joined.lock().expect("joined lock").is_empty()
+    }
+
+    /// Joins `group` as a member reading `topics` (see `member.rs`); `on_fatal` runs if
+    /// the member is fenced for good (another process joined with its instance id).
+    pub(super) fn join(
+        &self,
+        group: &str,
+        topics: &[Arc<str>],
+        on_fatal: super::member::OnFatal,
+    ) -> Result<crate::Membership> {
+        let (membership, control) = super::member::join(&self.options, group, topics, on_fatal)?;
         self.joined
             .lock()
             .expect("joined lock")

@@ -707,12 +707,23 @@ impl Committer {
         ))
     }
 
+    /// The producer was fenced. Without a consumer group the log has no other guard
+    /// against a second writer: it stops. A member of a consumer group rebuilds the
+    /// producer instead, as Kafka Streams does: the fence came from the broker aborting a
+    /// transaction left open too long (this instance was paused or cut off), and the group
+    /// decides which partitions are still ours (a second process with our instance id is
+    /// fenced by the group too, which stops the log; see `member.rs`).
     fn poison(&mut self, stage: &str, e: &KafkaError) -> Failed {
+        self.producer = None;
+        if self.shared.clients.has_joined() {
+            return Failed(format!(
+                "{stage}: the producer was fenced ({e}): the broker aborted its transaction (open longer than transaction.timeout.ms, e.g. while this instance was paused); the producer is rebuilt"
+            ));
+        }
         let why = format!(
             "{stage}: the producer was fenced ({e}): another instance uses transactional id `{}`",
             self.transactional_id
         );
-        self.producer = None;
         self.stop_all(why.clone());
         Failed(why)
     }

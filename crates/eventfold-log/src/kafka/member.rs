@@ -24,8 +24,12 @@ const BATCH_MAX: usize = 512;
 
 type Tp = (Arc<str>, u32);
 
+/// Called when the member is fenced for good.
+pub(super) type OnFatal = Arc<dyn Fn(String) + Send + Sync>;
+
 /// What the consumer thread and the rebalance callbacks share.
 pub(super) struct MemberState {
+    on_fatal: OnFatal,
     group: String,
     topics: Vec<Arc<str>>,
     events: tmpsc::Sender<GroupEvent>,
@@ -66,6 +70,16 @@ pub(super) struct MemberContext(Arc<MemberState>);
 impl rdkafka::client::ClientContext for MemberContext {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::error!(group = %self.0.group, %error, reason, "librdkafka consumer group error");
+        // A fatal consumer error: typically another process joined with this instance's
+        // group.instance.id (a second copy of this instance). Nothing may be written any more.
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::FencedInstanceId)
+        ) {
+            (self.0.on_fatal)(format!(
+                "the consumer group fenced this instance ({error}: {reason}); restart it"
+            ));
+        }
     }
 }
 
@@ -187,10 +201,12 @@ pub(super) fn join(
     options: &KafkaOptions,
     group: &str,
     topics: &[Arc<str>],
+    on_fatal: OnFatal,
 ) -> Result<(crate::Membership, Arc<Control>)> {
     let what = || format!("cannot join consumer group `{group}`");
     let (events, rx) = tmpsc::channel(64);
     let state = Arc::new(MemberState {
+        on_fatal,
         group: group.to_owned(),
         topics: topics.to_vec(),
         events,

@@ -152,7 +152,10 @@ impl KafkaOptions {
             bootstrap_servers: bootstrap_servers.into(),
             partitions,
             transactional_id: transactional_id.into(),
-            transaction_timeout: Duration::from_secs(60),
+            // Kafka Streams' choice for exactly-once: a transaction left open by an
+            // instance that died holds its partitions' last stable offset (what the new
+            // owner restores up to, and views read) for at most this long.
+            transaction_timeout: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
             topics: TopicDefaults::default(),
@@ -453,7 +456,14 @@ impl Log for KafkaLog {
         for t in topics {
             self.shared.provisioner.ensure(t)?;
         }
-        self.shared.clients.join(group, topics)
+        let shared = Arc::downgrade(&self.shared);
+        let on_fatal: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |why: String| {
+            if let Some(s) = shared.upgrade() {
+                tracing::error!(%why, "Kafka log stops");
+                s.poisoned.lock().expect("poisoned lock").get_or_insert(why);
+            }
+        });
+        self.shared.clients.join(group, topics, on_fatal)
     }
 
     async fn send(&self, append: crate::Append) -> Result<u64> {
