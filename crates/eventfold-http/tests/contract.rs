@@ -110,6 +110,15 @@ async fn start_gated(
         },
     );
     tokio::spawn(eventfold_http::serve(listener, router, std::future::pending()));
+    // Kafka mode: the partitions are this server's once the consumer group assigned them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !runtime.has_joined() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the consumer group assigns partitions"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     Server {
         base,
         runtime,

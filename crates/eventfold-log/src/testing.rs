@@ -70,6 +70,18 @@ impl Log for GatedLog {
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }
+    async fn resume(&self, lane: u32) -> Result<()> {
+        self.inner.resume(lane).await
+    }
+    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
+        self.inner.follow(topic, starts)
+    }
+    async fn send(&self, append: crate::Append) -> Result<u64> {
+        self.inner.send(append).await
+    }
+    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
+        self.inner.join(group, topics)
+    }
 }
 
 /// Wraps a log so that every `read` first sleeps `delay`: a consumer that reads in small
@@ -116,5 +128,17 @@ impl Log for SlowReads {
     }
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
+    }
+    async fn resume(&self, lane: u32) -> Result<()> {
+        self.inner.resume(lane).await
+    }
+    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
+        self.inner.follow(topic, starts)
+    }
+    async fn send(&self, append: crate::Append) -> Result<u64> {
+        self.inner.send(append).await
+    }
+    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
+        self.inner.join(group, topics)
     }
 }

@@ -89,6 +89,11 @@ impl PartitionShared {
         self.progress_permille
             .store((fraction.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
     }
+    /// Marks the partition restoring (its assignment is on the way to the processor).
+    pub fn restoring(&self) {
+        self.set_progress(0.0);
+        self.set_state(PartitionState::Restoring);
+    }
     pub fn failure(&self) -> String {
         self.failure.lock().expect("not poisoned").clone().unwrap_or_default()
     }

@@ -379,7 +379,7 @@ fn start<A: Aggregate>(
         processor.member = Some(grouping.member.clone());
         let control = grouping.grouped.then(|| {
             let (ctl, ctl_rx) = mpsc::unbounded_channel();
-            controls.push((ctl, tx.clone()));
+            controls.push((ctl, tx.clone(), shared.clone()));
             ctl_rx
         });
         tokio::spawn(processor.run(rx, control));
@@ -602,11 +602,12 @@ impl Runtime {
         out
     }
 
-    /// Waits until every partition is out of `Restoring` (or `timeout` passes).
+    /// Waits until the instance joined its consumer group (Kafka mode) and every
+    /// partition is out of `Restoring` (or `timeout` passes).
     pub async fn wait_restored(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if self.partitions().iter().all(|p| p.state != PartitionState::Restoring) {
+            if self.has_joined() && self.partitions().iter().all(|p| p.state != PartitionState::Restoring) {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {

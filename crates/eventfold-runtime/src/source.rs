@@ -11,7 +11,7 @@
 //! turns its assignments and revocations into processor [`Control`]s and its records
 //! into jobs.
 
-use crate::processor::{Control, Job};
+use crate::processor::{Control, Job, PartitionShared};
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
@@ -37,27 +37,34 @@ pub(crate) trait GroupMember: Send + Sync {
 /// The [`GroupMember`] of aggregate type `A`.
 pub(crate) struct TypedMember<A: Aggregate> {
     pub topic: Arc<str>,
-    pub partitions: Vec<(mpsc::UnboundedSender<Control>, mpsc::Sender<Job<A>>)>,
+    pub partitions: Vec<(
+        mpsc::UnboundedSender<Control>,
+        mpsc::Sender<Job<A>>,
+        Arc<PartitionShared>,
+    )>,
 }
 
 #[async_trait]
 impl<A: Aggregate> GroupMember for TypedMember<A> {
     fn assign(&self, p: u32, epoch: u64) {
-        if let Some((ctl, _)) = self.partitions.get(p as usize) {
+        if let Some((ctl, _, shared)) = self.partitions.get(p as usize) {
+            // Restoring from now on (not once the processor got to it): readiness checks
+            // made right after the assignment see the barrier.
+            shared.restoring();
             let _ = ctl.send(Control::Assign { epoch });
         }
     }
 
     fn revoke(&self, p: u32) -> oneshot::Receiver<()> {
         let (done, rx) = oneshot::channel();
-        if let Some((ctl, _)) = self.partitions.get(p as usize) {
+        if let Some((ctl, _, _)) = self.partitions.get(p as usize) {
             let _ = ctl.send(Control::Revoke { done });
         }
         rx
     }
 
     async fn deliver(&self, p: u32, epoch: u64, records: Vec<(u64, Record)>) -> bool {
-        let Some((_, tx)) = self.partitions.get(p as usize) else {
+        let Some((_, tx, _)) = self.partitions.get(p as usize) else {
             return true;
         };
         let n = self.partitions.len() as u32;
