@@ -126,6 +126,7 @@ mod tests {
             state,
             restore_progress: if state == PartitionState::Restoring { 0.5 } else { 1.0 },
             queued: partition as usize,
+            consumed_offset: None,
             error: (state == PartitionState::Failed).then(|| "disk on fire".into()),
         }
     }

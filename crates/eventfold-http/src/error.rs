@@ -63,6 +63,11 @@ impl From<Error> for ApiError {
                 "not_owner",
                 Some(Duration::from_secs(1)),
             ),
+            Error::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                Some(Duration::from_secs(1)),
+            ),
             Error::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",

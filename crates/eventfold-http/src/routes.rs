@@ -335,6 +335,30 @@ fn follow(svc: Arc<dyn AggregateService>, id: String, from: u64) -> impl Stream<
 async fn cluster(State(app): State<App>) -> axum::Json<serde_json::Value> {
     let parts = app.runtime.partitions();
     let mut body = crate::cluster::cluster_json(app.options.registry.as_deref(), &parts);
+    // Lag of the partitions owned here: records of the commands topic not consumed yet.
+    let lags = futures_util::future::join_all(parts.iter().filter_map(|p| {
+        let consumed = p.consumed_offset?;
+        let svc = app.runtime.aggregate(&p.aggregate).ok()?.clone();
+        let log = app.runtime.log().clone();
+        let (aggregate, partition) = (p.aggregate.clone(), p.partition);
+        Some(async move {
+            let end = log.end_offset(&svc.topics().commands, partition).await.ok()?;
+            Some(((aggregate, partition), end.saturating_sub(consumed)))
+        })
+    }))
+    .await;
+    let lags: std::collections::HashMap<(String, u32), u64> = lags.into_iter().flatten().collect();
+    if let Some(serde_json::Value::Array(entries)) = body.get_mut("partitions") {
+        for e in entries {
+            let key = (
+                e["aggregate"].as_str().unwrap_or_default().to_owned(),
+                e["partition"].as_u64().unwrap_or_default() as u32,
+            );
+            if let (Some(lag), Some(obj)) = (lags.get(&key), e.as_object_mut()) {
+                obj.insert("commands_lag".into(), json!(lag));
+            }
+        }
+    }
     if let Some(obj) = body.as_object_mut() {
         obj.insert("backend".into(), json!(app.runtime.log().backend()));
         obj.insert(

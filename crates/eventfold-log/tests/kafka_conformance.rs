@@ -527,3 +527,123 @@ async fn a_follower_sees_committed_records_in_order_then_live() {
     assert_eq!(got[0].len(), 20, "nothing of the aborted transaction");
     assert!(got.iter().flatten().all(|(_, v)| v != b"aborted"));
 }
+
+/// The next group event of `m` (within 30 s).
+async fn next_event(m: &mut eventfold_log::Membership) -> eventfold_log::GroupEvent {
+    tokio::time::timeout(Duration::from_secs(30), m.next())
+        .await
+        .expect("a group event within 30 s")
+        .expect("the member runs")
+}
+
+/// Waits for the next non-empty assignment of `m` (a cooperative rebalance first assigns
+/// a newcomer nothing), answering revocations and skipping records.
+async fn next_assignment(m: &mut eventfold_log::Membership) -> Vec<(Arc<str>, u32, u64)> {
+    loop {
+        match next_event(m).await {
+            eventfold_log::GroupEvent::Assigned(a) if !a.is_empty() => return a,
+            eventfold_log::GroupEvent::Revoked { done, .. } => done.done(),
+            _ => {}
+        }
+    }
+}
+
+/// Two members of one group split the partitions; records reach the member that owns
+/// them, stamped with the epoch of their assignment; a seek re-delivers from the offset
+/// under a higher epoch; a member that leaves hands its partitions to the other. A unit
+/// consuming offsets commits them with the member's generation (read back as the group's
+/// committed offset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_members_split_partitions_and_hand_them_over() {
+    let bootstrap = require_broker();
+    let prefix = format!("group-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let input: Arc<str> = Arc::from(format!("{prefix}.commands"));
+    let group = format!("{prefix}-group");
+    let mut o = options(&bootstrap, 2, &format!("{prefix}-a"));
+    o.session_timeout = Duration::from_secs(6);
+    let a = open_log(o.clone(), &dir, "a").await;
+    o.transactional_id = format!("{prefix}-b-tx");
+    let b = open_log(o, &dir, "b").await;
+    for p in 0..2 {
+        a.commit(one(&input, p, format!("r{p}").into_bytes())).await.unwrap();
+    }
+
+    let mut ma = a.join(&group, std::slice::from_ref(&input)).unwrap();
+    let first = next_assignment(&mut ma).await;
+    assert_eq!(first.len(), 2, "a lone member gets every partition: {first:?}");
+    let mut mb = b.join(&group, std::slice::from_ref(&input)).unwrap();
+    // Cooperative: a gives one partition up, b gets it; a keeps the other.
+    let given = loop {
+        match next_event(&mut ma).await {
+            eventfold_log::GroupEvent::Revoked { partitions, lost, done } => {
+                assert!(!lost, "handed over, not lost");
+                done.done();
+                break partitions;
+            }
+            _ => continue,
+        }
+    };
+    assert_eq!(given.len(), 1, "{given:?}");
+    let got_b = next_assignment(&mut mb).await;
+    assert_eq!(
+        got_b.iter().map(|(t, p, _)| (t.clone(), *p)).collect::<Vec<_>>(),
+        given,
+        "b gets what a gave up"
+    );
+    let (_, pb, epoch_b) = got_b[0].clone();
+    assert_eq!(ma.control().assignment(), vec![(input.clone(), 1 - pb)]);
+
+    // b reads its partition's record, stamped with its assignment's epoch.
+    let (offset, epoch) = loop {
+        if let eventfold_log::GroupEvent::Records {
+            partition,
+            epoch,
+            records,
+            ..
+        } = next_event(&mut mb).await
+        {
+            assert_eq!(partition, pb);
+            assert_eq!(records[0].1.value, format!("r{pb}").into_bytes());
+            break (records[0].0, epoch);
+        }
+    };
+    assert_eq!(epoch, epoch_b);
+    // A seek back re-delivers it under a higher epoch.
+    let control = mb.control();
+    let t = input.clone();
+    let seek_epoch = tokio::task::spawn_blocking(move || control.seek(&t, pb, offset))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(seek_epoch > epoch_b);
+    loop {
+        if let eventfold_log::GroupEvent::Records { epoch, records, .. } = next_event(&mut mb).await {
+            assert_eq!(
+                (records[0].0, epoch),
+                (offset, seek_epoch),
+                "re-delivered from the seek"
+            );
+            break;
+        }
+    }
+    // b consumes it: the offset commits with b's generation.
+    let unit = CommitUnit {
+        consumed: vec![eventfold_log::Consumed {
+            group: group.clone(),
+            topic: input.clone(),
+            partition: pb,
+            next_offset: offset + 1,
+        }],
+        ..one(&Arc::from(format!("{prefix}.events")), pb, b"e".to_vec())
+    };
+    b.commit(unit).await.expect("the owner commits with its generation");
+    assert_eq!(b.committed_offset(&group, &input, pb).await.unwrap(), Some(offset + 1));
+
+    // b leaves: a gets both partitions again.
+    drop(mb);
+    let back = next_assignment(&mut ma).await;
+    assert_eq!(back.iter().map(|(_, p, _)| *p).collect::<Vec<_>>(), vec![pb]);
+    assert!(back[0].2 > epoch_b, "epochs only grow");
+    assert_eq!(ma.control().assignment().len(), 2);
+}

@@ -53,6 +53,9 @@ pub enum Error {
     /// Another instance owns the partition and it could not be reached (503).
     #[error("partition {partition} of `{aggregate}` is owned by another instance; retry shortly")]
     NotOwner { aggregate: String, partition: u32 },
+    /// The log cannot take the command now, e.g. the Kafka broker does not answer (503).
+    #[error("cannot hand the command to its partition's owner: {0}; retry shortly")]
+    Unavailable(String),
     /// The runtime is shutting down (503).
     #[error("the service is shutting down")]
     ShuttingDown,

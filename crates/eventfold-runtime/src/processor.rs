@@ -13,7 +13,7 @@ use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberContr
 use eventfold_store::Batch;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -46,6 +46,28 @@ pub(crate) struct Job<A: Aggregate> {
 /// aggregate's version).
 pub(crate) const VERSION_MISMATCH: &str = "version_mismatch";
 
+/// The pause before retry `attempt` of a restore (grows to 5 s).
+fn retry_pause(attempt: u32) -> Duration {
+    Duration::from_millis(500).saturating_mul(attempt.min(10))
+}
+
+/// Sleeps `d` unless a control arrives first, which is returned.
+async fn pause(d: Duration, control: &mut Option<mpsc::UnboundedReceiver<Control>>) -> Option<Control> {
+    let Some(ctl) = control.as_mut() else {
+        tokio::time::sleep(d).await;
+        return None;
+    };
+    tokio::select! {
+        () = tokio::time::sleep(d) => None,
+        c = ctl.recv() => {
+            if c.is_none() {
+                *control = None;
+            }
+            c
+        }
+    }
+}
+
 /// Ownership changes a processor gets from the consumer group (Kafka mode).
 pub(crate) enum Control {
     /// The partition is this instance's now: restore, then take commands-topic records
@@ -60,6 +82,9 @@ pub(crate) enum Control {
 #[derive(Debug, Default)]
 pub(crate) struct PartitionShared {
     state: AtomicU8,
+    /// The next commands-topic offset to consume (committed or in flight), plus one; 0:
+    /// unknown (not owned, or no consumer group).
+    consumed: AtomicU64,
     progress_permille: AtomicU32,
     failure: Mutex<Option<String>>,
 }
@@ -89,6 +114,11 @@ impl PartitionShared {
         self.progress_permille
             .store((fraction.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
     }
+    /// The next commands-topic offset this partition consumes, when it is known here.
+    pub fn consumed(&self) -> Option<u64> {
+        self.consumed.load(Ordering::Relaxed).checked_sub(1)
+    }
+
     /// Marks the partition restoring (its assignment is on the way to the processor).
     pub fn restoring(&self) {
         self.set_progress(0.0);
@@ -262,7 +292,17 @@ impl<A: Aggregate> Processor<A> {
         let mut jobs = Vec::with_capacity(self.cfg.max_batch);
         let mut open = true;
         let mut revoking: Option<oneshot::Sender<()>> = None;
+        // A control that arrived while the processor was busy restoring.
+        let mut pending: Option<Control> = None;
         while open || !self.inflight.is_empty() {
+            match pending.take() {
+                Some(Control::Assign { epoch }) => {
+                    pending = self.assign(epoch, &mut control).await;
+                    continue;
+                }
+                Some(Control::Revoke { done }) => revoking = Some(done),
+                None => {}
+            }
             if self.inflight.is_empty()
                 && let Some(done) = revoking.take()
             {
@@ -270,7 +310,10 @@ impl<A: Aggregate> Processor<A> {
                 let _ = done.send(());
             }
             if self.owned && self.recovering.is_some() && self.inflight.is_empty() {
-                self.recover().await;
+                pending = self.recover(&mut control).await;
+                if pending.is_some() {
+                    continue;
+                }
             }
             let can_take =
                 open && self.recovering.is_none() && revoking.is_none() && self.inflight.len() < self.cfg.max_inflight;
@@ -278,8 +321,7 @@ impl<A: Aggregate> Processor<A> {
                 biased;
                 c = async { control.as_mut().expect("checked").recv().await }, if control.is_some() && revoking.is_none() => {
                     match c {
-                        Some(Control::Assign { epoch }) => self.assign(epoch).await,
-                        Some(Control::Revoke { done }) => revoking = Some(done),
+                        Some(c) => pending = Some(c),
                         None => control = None,
                     }
                 }
@@ -333,7 +375,10 @@ impl<A: Aggregate> Processor<A> {
     /// After a failed commit, once nothing is in flight: lifts the log's fence, restores
     /// the partition from the committed state (retrying while the broker is away) and has
     /// the commands-topic source read again what was not committed.
-    async fn recover(&mut self) {
+    ///
+    /// A control that arrives meanwhile (the group revoked the partition) ends the attempt
+    /// and is returned.
+    async fn recover(&mut self, control: &mut Option<mpsc::UnboundedReceiver<Control>>) -> Option<Control> {
         let p = self.cfg.partition;
         let mut attempt = 0u32;
         loop {
@@ -347,20 +392,25 @@ impl<A: Aggregate> Processor<A> {
                 Err(e) => {
                     if let Error::Log(eventfold_log::Error::Closed(_) | eventfold_log::Error::Config(_)) = &e {
                         self.recovering = None;
-                        return self.fail(format!("cannot recover from a failed commit: {e}"));
+                        self.fail(format!("cannot recover from a failed commit: {e}"));
+                        return None;
                     }
                     attempt += 1;
                     tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "recovery failed; retrying");
                     self.shared.set_state(PartitionState::Restoring);
-                    tokio::time::sleep(Duration::from_millis(500).saturating_mul(attempt.min(10))).await;
+                    if let Some(c) = pause(retry_pause(attempt), control).await {
+                        self.recovering = None;
+                        return Some(c);
+                    }
                 }
             }
         }
         // The records read again start at the committed offset.
-        self.consumed_hwm = 0;
+        self.set_consumed(0);
         self.rewind().await;
         let reason = self.recovering.take().unwrap_or_default();
         tracing::info!(aggregate = A::TYPE, partition = p, after = %reason, "partition recovered");
+        None
     }
 
     /// Has the group member fetch the commands topic again from the committed offset;
@@ -384,7 +434,7 @@ impl<A: Aggregate> Processor<A> {
             match tokio::task::spawn_blocking(move || m.seek(&t, p, from)).await {
                 Ok(Ok(epoch)) => {
                     self.min_epoch = epoch;
-                    self.consumed_hwm = from;
+                    self.set_consumed(from);
                     return tracing::info!(
                         aggregate = A::TYPE,
                         partition = p,
@@ -406,12 +456,14 @@ impl<A: Aggregate> Processor<A> {
 
     /// Takes the partition: waits for the group's stable committed offset (a previous
     /// owner's transaction still completing holds it), then restores up to the end of
-    /// what is committed, so nothing that previous owner committed is missed.
-    async fn assign(&mut self, epoch: u64) {
+    /// what is committed, so nothing that previous owner committed is missed. A control
+    /// that arrives while it retries (the group revoked the partition again) ends it and is
+    /// returned.
+    async fn assign(&mut self, epoch: u64, control: &mut Option<mpsc::UnboundedReceiver<Control>>) -> Option<Control> {
         let p = self.cfg.partition;
         self.owned = true;
         self.min_epoch = epoch;
-        self.consumed_hwm = 0;
+        self.set_consumed(0);
         self.cache.clear();
         self.recovering = None;
         *self.shared.failure.lock().expect("not poisoned") = None;
@@ -425,28 +477,62 @@ impl<A: Aggregate> Processor<A> {
         );
         let mut attempt = 0u32;
         loop {
+            // Nothing of an earlier ownership is in flight (a revocation waits for it), so
+            // a fence a failed commit left on the lane can go, and a failed producer is
+            // rebuilt.
+            if let Err(e) = self.log.resume(p).await
+                && !matches!(e, eventfold_log::Error::Config(_))
+            {
+                if let eventfold_log::Error::Closed(_) = e {
+                    self.fail(format!("cannot take the partition: {e}"));
+                    return None;
+                }
+                attempt += 1;
+                tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "cannot resume the partition's lane; retrying");
+                if let Some(c) = pause(retry_pause(attempt), control).await {
+                    return Some(c);
+                }
+                continue;
+            }
             let stable = self
                 .log
                 .committed_offset(&self.cfg.group, &self.cfg.topics.commands, p)
                 .await;
             let result = match stable {
                 Ok(committed) => {
-                    self.consumed_hwm = committed.unwrap_or(0);
+                    self.set_consumed(committed.unwrap_or(0));
                     self.restore().await
                 }
                 Err(e) => Err(e.into()),
             };
             match result {
-                Ok(()) => return,
-                Err(Error::Store(e)) => return self.fail(format!("restore failed: {e}")),
+                Ok(()) => return None,
+                Err(Error::Store(e)) => {
+                    self.fail(format!("restore failed: {e}"));
+                    return None;
+                }
                 Err(e) => {
                     attempt += 1;
                     tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "restore after assignment failed; retrying");
                     self.shared.set_state(PartitionState::Restoring);
-                    tokio::time::sleep(Duration::from_millis(500).saturating_mul(attempt.min(10))).await;
+                    if let Some(c) = pause(retry_pause(attempt), control).await {
+                        return Some(c);
+                    }
                 }
             }
         }
+    }
+
+    /// Sets the consumed offset (see `consumed_hwm`), published for `/v1/cluster` when a
+    /// consumer group feeds the partition.
+    fn set_consumed(&mut self, next: u64) {
+        self.consumed_hwm = next;
+        let shown = if self.fenced_by_group && self.owned {
+            next + 1
+        } else {
+            0
+        };
+        self.shared.consumed.store(shown, Ordering::Relaxed);
     }
 
     /// Gives the partition up once nothing is in flight.
@@ -459,7 +545,7 @@ impl<A: Aggregate> Processor<A> {
         self.owned = false;
         self.cache.clear();
         self.recovering = None;
-        self.consumed_hwm = 0;
+        self.set_consumed(0);
         *self.shared.failure.lock().expect("not poisoned") = None;
         self.shared.set_state(PartitionState::Remote);
         self.shared.set_progress(0.0);
@@ -884,7 +970,7 @@ impl<A: Aggregate> Processor<A> {
             .collect();
         let advanced = consumed_next.filter(|n| *n > self.consumed_hwm);
         if let Some(next_offset) = advanced {
-            self.consumed_hwm = next_offset;
+            self.set_consumed(next_offset);
         }
         // With a consumer group, every unit that writes commits the partition's consumed
         // offset (unchanged if it consumed nothing): the broker checks the group generation

@@ -122,7 +122,7 @@ impl Requester {
             .await;
         if let Err(e) = sent {
             self.forget(&command_id);
-            return Err(e.into());
+            return Err(Error::Unavailable(e.to_string()));
         }
         let result = match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(r)) => r,

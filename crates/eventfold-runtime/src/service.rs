@@ -67,6 +67,10 @@ pub struct PartitionReport {
     pub restore_progress: f64,
     /// Commands waiting in the queue.
     pub queued: usize,
+    /// Kafka mode, a partition owned here: the next offset of the commands topic it
+    /// consumes (committed or committing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumed_offset: Option<u64>,
     /// Why it failed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -335,6 +339,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
                     state,
                     restore_progress: shared.progress(),
                     queued: tx.max_capacity() - tx.capacity(),
+                    consumed_offset: shared.consumed().filter(|_| state != PartitionState::Remote),
                     error: (state == PartitionState::Failed).then(|| shared.failure()),
                 }
             })

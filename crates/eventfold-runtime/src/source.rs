@@ -34,14 +34,18 @@ pub(crate) trait GroupMember: Send + Sync {
     async fn deliver(&self, p: u32, epoch: u64, records: Vec<(u64, Record)>) -> bool;
 }
 
+/// What the dispatcher holds of one partition's processor: its control channel, its job
+/// queue and its shared status.
+pub(crate) type PartitionHandles<A> = (
+    mpsc::UnboundedSender<Control>,
+    mpsc::Sender<Job<A>>,
+    Arc<PartitionShared>,
+);
+
 /// The [`GroupMember`] of aggregate type `A`.
 pub(crate) struct TypedMember<A: Aggregate> {
     pub topic: Arc<str>,
-    pub partitions: Vec<(
-        mpsc::UnboundedSender<Control>,
-        mpsc::Sender<Job<A>>,
-        Arc<PartitionShared>,
-    )>,
+    pub partitions: Vec<PartitionHandles<A>>,
 }
 
 #[async_trait]
@@ -110,14 +114,18 @@ pub(crate) async fn run_group(
                     .iter()
                     .filter_map(|(t, p)| members.get(t).map(|m| m.revoke(*p)))
                     .collect();
+                // Answered once every processor let go, while this loop goes on (the
+                // processors get later assignments in order through their own channels).
                 let deadline = tokio::time::Instant::now() + revoke_timeout;
-                for w in waits {
-                    if tokio::time::timeout_at(deadline, w).await.is_err() {
-                        tracing::warn!(lost, "a revoked partition did not finish its in-flight work in time");
-                        break;
+                tokio::spawn(async move {
+                    for w in waits {
+                        if tokio::time::timeout_at(deadline, w).await.is_err() {
+                            tracing::warn!(lost, "a revoked partition did not finish its in-flight work in time");
+                            break;
+                        }
                     }
-                }
-                done.done();
+                    done.done();
+                });
                 changed();
             }
             GroupEvent::Records {

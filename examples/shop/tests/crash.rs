@@ -1065,8 +1065,9 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        // Some load after the last recovery too.
-        tokio::time::sleep(Duration::from_secs(8)).await;
+        // Some load after the last recovery too (ownership moves through the consumer
+        // group after an outage: partitions lost during it are assigned again first).
+        tokio::time::sleep(Duration::from_secs(15)).await;
     }
     let kill_one_of_two = matches!(disruption, Disruption::KillOneOfTwo);
     while let Some(peer) = peer
@@ -1097,10 +1098,10 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     }
     let mut sent: Vec<Sent> = Vec::new();
     if let (Disruption::PauseOne, Some(peer)) = (&disruption, peer.as_ref()) {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
         zombie_round(&http, &shared, &server, peer, &mut sent, &mut recovery_failures).await;
         // Some load after the zombie resumed too.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
     }
     let load_time = shared.started.elapsed();
     shared.stop.store(true, Ordering::Relaxed);
