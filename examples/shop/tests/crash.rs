@@ -863,6 +863,24 @@ enum Disruption<'a> {
     PauseOne,
 }
 
+/// `line` without its terminal color sequences (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Sends `signal` (e.g. `STOP`, `CONT`) to the server's process.
 fn signal(server: &Server, signal: &str) {
     let pid = server.child.as_ref().expect("a running child").id();
@@ -1190,9 +1208,18 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     if panics > 0 {
         failures.push(format!("shop panicked {panics} time(s); see its stderr"));
     }
+    // An outage either fails transactions (the partition recovers from the committed
+    // state) or outlasts the group session (the partitions are lost and assigned again).
     let recoveries = stderr.lines().filter(|l| l.contains("partition recovered")).count();
-    if matches!(disruption, Disruption::BrokerRestarts(_)) && recoveries == 0 {
-        failures.push("no partition recovered from a failed commit: the outages did not test recovery".into());
+    let lost = stderr
+        .lines()
+        .filter(|l| l.contains("partitions revoked") && strip_ansi(l).contains("lost=true"))
+        .count();
+    if matches!(disruption, Disruption::BrokerRestarts(_)) && recoveries + lost == 0 {
+        failures.push(
+            "no partition recovered from a failed commit or was lost and assigned again: the outages did not test recovery"
+                .into(),
+        );
     }
 
     let retries = shared.retries.lock().unwrap().clone();
@@ -1206,7 +1233,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
             .count()
     };
     eprintln!(
-        "crash test: {restarts} broker restarts, {kills} kills under load + {startup_kills} during startup ({} starts, {} port changes; ready after restart: mean {mean_ready} ms, max {max_ready} ms)",
+        "crash test: {restarts} broker restarts ({recoveries} partition recoveries, {lost} assignments lost), {kills} kills under load + {startup_kills} during startup ({} starts, {} port changes; ready after restart: mean {mean_ready} ms, max {max_ready} ms)",
         server.starts, server.port_changes
     );
     eprintln!(
