@@ -896,7 +896,11 @@ impl<A: Aggregate> Processor<A> {
                         unit.appends
                             .push(changelog::outcome_record(&topics.state, p, &job.command_id, &json, now));
                     }
-                    if let Outcome::Accepted(_) = outcome {
+                    if job.consumed.is_none() {
+                        // A caller of this instance waits for it: no one reads it from the
+                        // results topic (which is for commands that came through the
+                        // commands topic).
+                    } else if let Outcome::Accepted(_) = outcome {
                         // Its position is known only once the log assigned the events'
                         // offsets: written by the unit's `then`.
                         positioned.push((

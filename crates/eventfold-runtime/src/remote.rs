@@ -30,10 +30,15 @@ pub(crate) struct Requester {
     /// outcome can land before the follower's start).
     following: watch::Receiver<usize>,
     topics: usize,
+    /// The results topics not followed yet: followers start with the first command sent
+    /// to another instance (an instance that owns everything never needs them).
+    unfollowed: Mutex<Vec<Arc<str>>>,
+    started: Arc<watch::Sender<usize>>,
 }
 
 impl Requester {
-    /// Starts following partition `murmur2(instance_id)` of every results topic.
+    /// A requester that will follow partition `murmur2(instance_id)` of every results
+    /// topic (from the first command it sends on).
     pub(crate) fn start(
         log: Arc<dyn Log>,
         clock: Arc<dyn Clock>,
@@ -42,31 +47,36 @@ impl Requester {
     ) -> Arc<Self> {
         let reply_partition = partition_for(instance_id.as_bytes(), log.partitions());
         let (started, following) = watch::channel(0usize);
-        let me = Arc::new(Self {
+        Arc::new(Self {
             log,
             clock,
             reply_partition,
             waiters: Mutex::new(HashMap::new()),
             following,
             topics: results.len(),
-        });
-        let started = Arc::new(started);
-        for topic in results {
+            unfollowed: Mutex::new(results),
+            started: Arc::new(started),
+        })
+    }
+
+    /// Starts the results followers, once.
+    fn follow_results(self: &Arc<Self>) {
+        let topics = std::mem::take(&mut *self.unfollowed.lock().expect("unfollowed lock"));
+        for topic in topics {
             tokio::spawn(follow(
-                Arc::downgrade(&me),
-                me.log.clone(),
+                Arc::downgrade(self),
+                self.log.clone(),
                 topic,
-                reply_partition,
-                started.clone(),
+                self.reply_partition,
+                self.started.clone(),
             ));
         }
-        me
     }
 
     /// Produces the command to partition `p` of `topics.commands` and waits (up to
     /// `timeout`) for its outcome.
     pub(crate) async fn submit(
-        &self,
+        self: &Arc<Self>,
         topics: &Topics,
         p: u32,
         command_type: &str,
@@ -74,6 +84,7 @@ impl Requester {
         timeout: Duration,
     ) -> Result<Outcome> {
         let deadline = tokio::time::Instant::now() + timeout;
+        self.follow_results();
         let mut following = self.following.clone();
         let all = self.topics;
         if tokio::time::timeout_at(deadline, following.wait_for(|n| *n >= all))

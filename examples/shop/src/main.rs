@@ -74,25 +74,33 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let shop = build(&opts)?;
     let listener = tokio::net::TcpListener::bind(opts.http)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.http))?;
     let addr = listener.local_addr()?;
-    let restored = shop.runtime.wait_restored(std::time::Duration::from_secs(300)).await;
+    // Other instances forward reads to the address really bound (--http may say port 0).
+    let mut opts = opts;
+    opts.advertised_http.get_or_insert_with(|| format!("http://{addr}"));
+    let shop = build(&opts)?;
     eprintln!(
-        "shop: serving http://{addr} ({}, {} partitions; {} in {} ms)",
+        "shop: serving http://{addr} ({}, {} partitions); restoring, see /readyz",
         match &opts.kafka {
             None => format!("embedded log in {}", opts.data_dir().display()),
             Some(b) => format!("Kafka at {b}, local cache in {}", opts.data_dir().display()),
         },
         opts.partitions,
-        if restored { "restored" } else { "still restoring" },
-        started.elapsed().as_millis()
     );
     eprintln!(
         "try:  curl -s -X POST http://{addr}/v1/aggregates/order/o-1/commands -H 'Idempotency-Key: k-1' \\\n        -d '{{\"type\":\"PlaceOrder\",\"customer_id\":\"c1\",\"items\":[{{\"sku\":\"apple\",\"qty\":2,\"price_cents\":150}}]}}'"
     );
+    // The API (and /readyz, which shows restore progress) answers while the partitions
+    // restore; commands for a restoring partition wait (bounded) or get 503.
+    let runtime = shop.runtime.clone();
+    tokio::spawn(async move {
+        if runtime.wait_restored(std::time::Duration::from_secs(24 * 3600)).await {
+            eprintln!("shop: restored in {} ms", started.elapsed().as_millis());
+        }
+    });
     let shutdown = async {
         let ctrl_c = tokio::signal::ctrl_c();
         let mut term =

@@ -272,3 +272,151 @@ fn commands_produced_by_any_kafka_client_are_processed_once() {
     );
     assert_eq!(get(&url, "/v1/aggregates/order/x-1").1["version"], 3);
 }
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Waits until the instances at `urls` are ready and own every partition between them.
+fn wait_split(urls: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (mut owned, mut total, mut ready) = (0, 0, true);
+        for url in urls {
+            let (st, b) = get(url, "/readyz");
+            ready &= st == 200;
+            owned += b["owned_partitions"].as_u64().unwrap_or(0);
+            total = b["partitions"].as_u64().unwrap_or(0);
+        }
+        if ready && total > 0 && owned == total {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{owned} of {total} partitions owned");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The orders of `customer` in the `orders` view of `url`, all pages, as (key, status).
+fn orders_of(url: &str, customer: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let path = format!("/v1/views/orders?customer_id={customer}&limit=3{cursor}");
+        let (st, b) = get(url, &path);
+        assert_eq!(st, 200, "{path}: {b}");
+        for row in b["rows"].as_array().unwrap() {
+            out.push((
+                row["key"].as_str().unwrap().to_owned(),
+                row["value"]["status"].as_str().unwrap_or_default().to_owned(),
+            ));
+        }
+        match b["next_cursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => return out,
+        }
+    }
+}
+
+/// Two instances on Kafka split the partitions; commands go to either. Each instance
+/// materializes every view partition from the events topics, so either answers any key
+/// lookup (after the writer's position, read-your-writes across instances) and any index
+/// query, with the same answer; an instance killed and restarted answers the same again.
+#[test]
+fn two_instances_answer_every_view_query_alike() {
+    let (bootstrap, app) = setup("kv");
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let flags = |id: &'static str| {
+        vec![
+            "--kafka".to_owned(),
+            bootstrap.clone(),
+            "--app-id".to_owned(),
+            app.clone(),
+            "--instance-id".to_owned(),
+            id.to_owned(),
+        ]
+    };
+    let (fa, fb) = (flags("a"), flags("b"));
+
+    let (_a, url_a, _) = start(dir_a.path(), &as_strs(&fa));
+    let (b, url_b, _) = start(dir_b.path(), &as_strs(&fb));
+    wait_split(&[&url_a, &url_b]);
+
+    let place = |c: &str| {
+        format!(r#"{{"type":"PlaceOrder","customer_id":"{c}","items":[{{"sku":"s","qty":1,"price_cents":100}}]}}"#)
+    };
+    let mut expected: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for i in 0..12 {
+        let (via, other) = if i % 2 == 0 { (&url_a, &url_b) } else { (&url_b, &url_a) };
+        let customer = format!("c{}", i % 3);
+        let id = format!("o-{i}");
+        let (st, ack) = post(
+            via,
+            &format!("/v1/aggregates/order/{id}/commands"),
+            &place(&customer),
+            "",
+        );
+        assert_eq!(st, 200, "{ack}");
+        let mut status = "placed";
+        if i % 4 == 0 {
+            let (st, ack2) = post(
+                other,
+                &format!("/v1/aggregates/order/{id}/commands"),
+                r#"{"type":"ConfirmOrder"}"#,
+                "",
+            );
+            assert_eq!(st, 200, "{ack2}");
+            status = "confirmed";
+        }
+        // The row is visible on both instances once they applied the last write.
+        let (_, last) = get(via, &format!("/v1/aggregates/order/{id}"));
+        assert_eq!(last["version"], if status == "confirmed" { 2 } else { 1 }, "{last}");
+        for url in [&url_a, &url_b] {
+            let (_, evs) = get(url, &format!("/v1/aggregates/order/{id}/events"));
+            assert_eq!(
+                evs.as_array().map(Vec::len),
+                last["version"].as_u64().map(|v| v as usize),
+                "{evs}"
+            );
+        }
+        expected.entry(customer).or_default().push((id, status.to_owned()));
+    }
+    // Read-your-writes across instances: a write through one, read at once through the
+    // other with its position.
+    let (st, ack) = post(&url_a, "/v1/aggregates/order/o-99/commands", &place("c9"), "");
+    assert_eq!(st, 200, "{ack}");
+    let pos = ack["position"].as_str().unwrap();
+    let (st, row) = get(&url_b, &format!("/v1/views/orders/o-99?min_position={pos}"));
+    assert_eq!((st, row["value"]["customer_id"].as_str()), (200, Some("c9")), "{row}");
+    expected
+        .entry("c9".into())
+        .or_default()
+        .push(("o-99".into(), "placed".into()));
+    // An equality query lists its rows in row-key order.
+    expected.values_mut().for_each(|rows| rows.sort());
+
+    let wait_rows = |url: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let all: BTreeMap<String, Vec<(String, String)>> =
+                expected.keys().map(|c| (c.clone(), orders_of(url, c))).collect();
+            if all == expected {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "view rows at {url}: {all:?}, expected {expected:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_rows(&url_a);
+    wait_rows(&url_b);
+
+    // b is killed and restarted on its data directory: the same rows, none lost or doubled.
+    drop(b);
+    let (_b, url_b, _) = start(dir_b.path(), &as_strs(&fb));
+    wait_rows(&url_b);
+    for c in expected.keys() {
+        assert_eq!(orders_of(&url_a, c), orders_of(&url_b, c));
+    }
+}

@@ -27,7 +27,8 @@ pub fn shop(args: &[&str]) -> Command {
     c
 }
 
-/// Starts shop on port 0 and returns it with the base URL it printed.
+/// Starts shop on port 0 and returns it, once `/readyz` answers 200, with the base URL it
+/// printed (it serves HTTP while it restores).
 pub fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
     let mut args = vec!["--data-dir", dir.to_str().unwrap(), "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
@@ -61,6 +62,11 @@ pub fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String
             if let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) {
                 lines.push(l);
             }
+            let ready_by = Instant::now() + Duration::from_secs(60);
+            while get_status(&url, "/readyz") != 200 {
+                assert!(Instant::now() < ready_by, "shop at {url} not ready within 60 s");
+                std::thread::sleep(Duration::from_millis(20));
+            }
             return (guard, url, lines);
         }
     }
@@ -81,6 +87,20 @@ pub fn post(url: &str, path: &str, body: &str, key: &str) -> (u16, serde_json::V
         }
         let r = req.send().await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or_default())
+    })
+}
+
+/// The status of `GET url + path` (0 when the request fails).
+pub fn get_status(url: &str, path: &str) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        reqwest::get(format!("{url}{path}"))
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
     })
 }
 
