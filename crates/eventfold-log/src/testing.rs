@@ -7,6 +7,25 @@ use eventfold_store::Store;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
+/// The Kafka broker of the tests: `EVENTFOLD_KAFKA_BOOTSTRAP` (default `127.0.0.1:9092`).
+/// Fails the calling test with the way out when no broker answers: Kafka tests never skip.
+pub fn require_kafka_broker() -> String {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let bootstrap = std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let first = bootstrap.split(',').next().unwrap_or_default().trim().to_owned();
+    let reachable = first
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(3)).is_ok());
+    assert!(
+        reachable,
+        "no Kafka broker at {bootstrap} (EVENTFOLD_KAFKA_BOOTSTRAP): start one with `scripts/kafka/broker.sh start` \
+         (Kafka tests never skip)"
+    );
+    bootstrap
+}
+
 /// Wraps a log so that `end_offset` (the first call of every partition's restore) waits
 /// for [`Gate::open`]: lets tests observe a partition while it restores. Everything else
 /// goes straight to the inner log.

@@ -9,33 +9,13 @@ use eventfold_log::conformance::{Factory, run_all};
 use eventfold_log::kafka::{KafkaLog, KafkaOptions};
 use eventfold_log::{Append, CommitUnit, Error, Log};
 use eventfold_store::{Store, StoreOptions};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 const PARTITIONS: u32 = 4;
 
-fn bootstrap() -> String {
-    std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-/// Fails the test with the way out when no broker listens.
-fn require_broker() -> String {
-    let bootstrap = bootstrap();
-    let first = bootstrap.split(',').next().unwrap_or_default().trim().to_owned();
-    let reachable = first
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok());
-    assert!(
-        reachable,
-        "no Kafka broker at {bootstrap} (EVENTFOLD_KAFKA_BOOTSTRAP): start one with `scripts/kafka/broker.sh start` \
-         (Kafka tests never skip)"
-    );
-    bootstrap
-}
+use eventfold_log::testing::require_kafka_broker as require_broker;
 
 fn options(bootstrap: &str, partitions: u32, prefix: &str) -> KafkaOptions {
     let mut o = KafkaOptions::new(bootstrap, partitions, format!("{prefix}-tx"));

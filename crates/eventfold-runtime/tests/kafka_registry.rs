@@ -12,7 +12,6 @@ use eventfold_log::kafka::{KafkaLog, KafkaOptions};
 use eventfold_runtime::cluster::{INSTANCE_TYPE, InstanceInfo, Registry, instances_topic};
 use eventfold_store::{Store, StoreOptions};
 use std::collections::BTreeMap;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,22 +19,7 @@ const PARTITIONS: u32 = 4;
 const HEARTBEAT: Duration = Duration::from_millis(200);
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The broker from `EVENTFOLD_KAFKA_BOOTSTRAP`; fails the test with the way out when none listens.
-fn require_broker() -> String {
-    let bootstrap = std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let first = bootstrap.split(',').next().unwrap_or_default().trim().to_owned();
-    let reachable = first
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok());
-    assert!(
-        reachable,
-        "no Kafka broker at {bootstrap} (EVENTFOLD_KAFKA_BOOTSTRAP): start one with `scripts/kafka/broker.sh start` \
-         (Kafka tests never skip)"
-    );
-    bootstrap
-}
+use eventfold_log::testing::require_kafka_broker as require_broker;
 
 /// A Kafka log of its own (own store, own transactional id), as a separate instance has.
 async fn open_log(bootstrap: &str, name: &str, dir: &std::path::Path) -> Arc<dyn Log> {

@@ -447,6 +447,14 @@ fn position(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Option
     }
 }
 
+/// The headers of `r` as Kafka headers.
+pub(super) fn kafka_headers(r: &Record) -> rdkafka::message::OwnedHeaders {
+    r.headers.iter().fold(
+        rdkafka::message::OwnedHeaders::new_with_capacity(r.headers.len()),
+        |h, (k, v)| h.insert(rdkafka::message::Header { key: k, value: Some(v) }),
+    )
+}
+
 pub(super) fn to_record(m: &BorrowedMessage<'_>) -> Record {
     Record {
         key: m.key().unwrap_or_default().to_vec(),

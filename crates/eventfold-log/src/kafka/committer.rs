@@ -8,7 +8,7 @@ use eventfold_store::{Batch, EncodedRecord, Store};
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -572,12 +572,7 @@ impl Committer {
         let deadline = Instant::now() + self.shared.options.operation_timeout;
         for (index, a) in appends.enumerate() {
             let r = &a.record;
-            let headers = r
-                .headers
-                .iter()
-                .fold(OwnedHeaders::new_with_capacity(r.headers.len()), |h, (k, v)| {
-                    h.insert(Header { key: k, value: Some(v) })
-                });
+            let headers = super::clients::kafka_headers(r);
             let mut record = BaseRecord::with_opaque_to(&a.topic, Box::new(Tag { seq, index }))
                 .partition(a.partition as i32)
                 .key(&r.key[..])

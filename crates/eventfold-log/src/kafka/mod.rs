@@ -63,7 +63,6 @@ use clients::Clients;
 use eventfold_core::Record;
 use eventfold_store::Store;
 use provision::Provisioner;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -472,12 +471,7 @@ impl Log for KafkaLog {
         self.blocking(move |s| s.provisioner.ensure(&topic)).await?;
         let producer = self.shared.clients.sender()?;
         let r = &append.record;
-        let headers = r
-            .headers
-            .iter()
-            .fold(OwnedHeaders::new_with_capacity(r.headers.len()), |h, (k, v)| {
-                h.insert(Header { key: k, value: Some(v) })
-            });
+        let headers = clients::kafka_headers(r);
         let record = FutureRecord::to(&append.topic)
             .partition(append.partition as i32)
             .key(&r.key)
