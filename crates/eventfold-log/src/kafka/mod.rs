@@ -43,7 +43,8 @@
 //! The broker writes transaction markers *after* it answers `EndTxn`, so right after one
 //! of our commits the LSO may still lag behind it for a moment; this log remembers the end
 //! of what it committed per partition and waits (bounded) until the LSO covers it, so a
-//! caller reads its own commits.
+//! caller reads its own commits (past the bound, seen after broker restarts, it answers with
+//! the LSO and logs a warning rather than stopping the partition).
 //!
 //! **Blocking.** Every blocking rdkafka call runs on the committer thread or in
 //! `spawn_blocking`, never on a tokio worker. [`KafkaLog::open`](crate::kafka::KafkaLog::open) itself blocks (it
@@ -244,9 +245,19 @@ impl Shared {
                 return Ok(lso);
             }
             if Instant::now() >= deadline {
-                return Err(Error::Kafka(format!(
-                    "the last stable offset of {topic}/{partition} stays at {lso} although this log committed records up to {ours}: an open transaction holds it back"
-                )));
+                // Seen after broker restarts: a transaction whose markers the broker has not
+                // written yet holds the LSO back for a minute or more. What this log
+                // committed is in the local store already; readers of the topic see it once
+                // the broker catches up. Waiting longer would only stop the partition.
+                tracing::warn!(
+                    %topic,
+                    partition,
+                    lso,
+                    committed_end = ours,
+                    waited = ?self.options.operation_timeout,
+                    "the last stable offset stays behind this log's own commits (an open transaction holds it back); going on with it"
+                );
+                return Ok(lso);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
