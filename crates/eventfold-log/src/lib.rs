@@ -209,6 +209,15 @@ pub trait Log: Send + Sync + 'static {
     }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
+    /// Waits (bounded by the backend's operation timeout) until every transaction that had
+    /// written to `topic`/`partition` when this was called is decided, so that the end
+    /// offset taken next covers all of them: a partition's new owner calls it before it
+    /// restores, lest a previous owner's last commit, not yet marked, be left out. Returns
+    /// whether it settled in time. Logs without transactions settle at once.
+    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
+        let _ = (topic, partition);
+        Ok(true)
+    }
     /// After a failed commit: once every unit the caller started in `lane` has resolved
     /// (the later ones fail too, they were built on the failed one), lifts the fence that
     /// refuses the lane's partition, so the caller can restore from the committed state and

@@ -92,6 +92,9 @@ impl Log for GatedLog {
     async fn resume(&self, lane: u32) -> Result<()> {
         self.inner.resume(lane).await
     }
+    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
+        self.inner.settle(topic, partition).await
+    }
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
         self.inner.follow(topic, starts)
     }
@@ -150,6 +153,9 @@ impl Log for SlowReads {
     }
     async fn resume(&self, lane: u32) -> Result<()> {
         self.inner.resume(lane).await
+    }
+    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
+        self.inner.settle(topic, partition).await
     }
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
         self.inner.follow(topic, starts)

@@ -627,3 +627,56 @@ async fn group_members_split_partitions_and_hand_them_over() {
     assert!(back[0].2 > epoch_b, "epochs only grow");
     assert_eq!(ma.control().assignment().len(), 2);
 }
+
+/// `settle` waits for transactions open on a partition when it is called: not settled
+/// while another producer's transaction stays open, settled once it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_waits_for_open_transactions() {
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+    let bootstrap = require_broker();
+    let prefix = format!("settle-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let mut o = options(&bootstrap, 1, &prefix);
+    o.operation_timeout = Duration::from_secs(2);
+    let log = open_log(o, &dir, "a").await;
+    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+    assert!(log.settle(&t, 0).await.unwrap(), "nothing open");
+
+    // Another producer (a previous owner) leaves a transaction open on the partition.
+    let (topic, bs) = (t.to_string(), bootstrap.clone());
+    let other = tokio::task::spawn_blocking(move || {
+        let p: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bs)
+            .set("transactional.id", format!("{topic}-other"))
+            .create()
+            .unwrap();
+        p.init_transactions(Duration::from_secs(20)).unwrap();
+        p.begin_transaction().unwrap();
+        p.send(BaseRecord::to(&topic).partition(0).key("k").payload("open"))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        p.flush(Duration::from_secs(20)).unwrap();
+        p
+    })
+    .await
+    .unwrap();
+    assert!(!log.settle(&t, 0).await.unwrap(), "an open transaction is not settled");
+    let other = tokio::task::spawn_blocking(move || {
+        other.commit_transaction(Duration::from_secs(20)).unwrap();
+        other
+    })
+    .await
+    .unwrap();
+    assert!(log.settle(&t, 0).await.unwrap(), "settled once it committed");
+    let end = log.end_offset(&t, 0).await.unwrap();
+    let values: Vec<Vec<u8>> = log
+        .read(&t, 0, 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| r.value)
+        .collect();
+    assert_eq!(values, vec![b"first".to_vec(), b"open".to_vec()], "end {end}");
+    drop(other);
+}

@@ -501,7 +501,14 @@ impl<A: Aggregate> Processor<A> {
             let result = match stable {
                 Ok(committed) => {
                     self.set_consumed(committed.unwrap_or(0));
-                    self.restore().await
+                    // The group's offsets are stable once the previous owner's transaction
+                    // is decided, but Kafka marks its partitions one by one: wait until the
+                    // events and state partitions are settled too, so that the restore
+                    // below reads that transaction's records.
+                    match self.settle().await {
+                        Ok(()) => self.restore().await,
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e.into()),
             };
@@ -533,6 +540,16 @@ impl<A: Aggregate> Processor<A> {
             0
         };
         self.shared.consumed.store(shown, Ordering::Relaxed);
+    }
+
+    /// Waits (bounded) until the transactions open on the events and state partitions
+    /// are decided (see [`Log::settle`]).
+    async fn settle(&mut self) -> Result<()> {
+        let (log, p) = (self.log.clone(), self.cfg.partition);
+        for topic in [self.cfg.topics.events.clone(), self.cfg.topics.state.clone()] {
+            log.settle(&topic, p).await?;
+        }
+        Ok(())
     }
 
     /// Gives the partition up once nothing is in flight.

@@ -73,6 +73,9 @@ pub(super) struct Clients {
     options: KafkaOptions,
     /// Watermark queries and the reachability check.
     meta: BaseConsumer<Quiet>,
+    /// High watermark queries (`read_uncommitted`: the end of the log, open transactions
+    /// included).
+    meta_uncommitted: BaseConsumer<Quiet>,
     readers: Mutex<Vec<BaseConsumer<Quiet>>>,
     groups: Mutex<HashMap<String, Arc<BaseConsumer<Quiet>>>>,
     /// Groups this log joined (`Log::join`): their member's metadata goes into transactions.
@@ -85,9 +88,14 @@ impl Clients {
         let meta = consumer_config(options, None)
             .create_with_context(Quiet)
             .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
+        let meta_uncommitted = consumer_config(options, None)
+            .set("isolation.level", "read_uncommitted")
+            .create_with_context(Quiet)
+            .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
         Ok(Self {
             options: options.clone(),
             meta,
+            meta_uncommitted,
             readers: Mutex::new(Vec::new()),
             groups: Mutex::new(HashMap::new()),
             joined: Mutex::new(HashMap::new()),
@@ -145,6 +153,15 @@ impl Clients {
             }
         };
         u64::try_from(high).map_err(|_| Error::Kafka(format!("negative end offset {high} for {topic}/{partition}")))
+    }
+
+    /// The high watermark: the end of the log, records of open transactions included.
+    pub(super) fn high_watermark(&self, topic: &str, partition: u32) -> Result<u64> {
+        let (_, high) = self
+            .meta_uncommitted
+            .fetch_watermarks(topic, partition as i32, self.timeout())
+            .map_err(|e| kafka_error(&format!("cannot query the high watermark of {topic}/{partition}"), e))?;
+        u64::try_from(high).map_err(|_| Error::Kafka(format!("negative high watermark {high} for {topic}/{partition}")))
     }
 
     /// Reads committed records of `topic`/`partition` in `from..end` (at most `max`).

@@ -263,6 +263,26 @@ impl Shared {
         }
     }
 
+    /// Waits until the LSO reaches the high watermark taken now: every transaction open on
+    /// the partition at this instant is decided (see [`Log::settle`]).
+    fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
+        self.check_partition(topic, partition)?;
+        self.provisioner.ensure(topic)?;
+        let high = self.clients.high_watermark(topic, partition)?;
+        let deadline = Instant::now() + self.options.operation_timeout;
+        loop {
+            let lso = self.clients.last_stable_offset(topic, partition)?;
+            if lso >= high {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(%topic, partition, lso, high, "open transactions did not settle in time; going on");
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         let end = self.end_offset(topic, partition)?;
         if max == 0 || from >= end {
@@ -432,6 +452,12 @@ impl Log for KafkaLog {
         self.shared.check_partition(topic, partition)?;
         let topic = topic.to_owned();
         self.blocking(move |s| s.end_offset(&topic, partition)).await
+    }
+
+    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
+        self.shared.check_partition(topic, partition)?;
+        let topic = topic.to_owned();
+        self.blocking(move |s| s.settle(&topic, partition)).await
     }
 
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
