@@ -784,11 +784,13 @@ impl<A: Aggregate> Processor<A> {
                 self.metrics.count(CommandOutcome::Duplicate, 1);
                 continue;
             }
-            let results_partition = job.reply_partition.unwrap_or(p);
+            // Kafka mode, a record of the commands topic: its outcome goes to this results
+            // partition (its sender listens there). A local caller is answered directly.
+            let reply_to = (self.changelog && job.consumed.is_some()).then(|| job.reply_partition.unwrap_or(p));
             if job.keyed {
                 match self.stored_outcome(&job.command_id, now) {
                     Ok(Some(outcome)) => {
-                        if self.changelog && job.consumed.is_some() {
+                        if let Some(results_partition) = reply_to {
                             // A sender waiting on the results topic gets the original outcome.
                             let json = codec::to_json(&outcome);
                             unit.appends.push(changelog::result_record(
@@ -833,7 +835,7 @@ impl<A: Aggregate> Processor<A> {
                             expected,
                             actual: entry.version,
                         };
-                        if self.changelog && job.consumed.is_some() {
+                        if let Some(results_partition) = reply_to {
                             let json = codec::to_json(&Outcome::Rejected {
                                 error: VERSION_MISMATCH.into(),
                                 message: err.to_string(),
@@ -913,27 +915,28 @@ impl<A: Aggregate> Processor<A> {
                         unit.appends
                             .push(changelog::outcome_record(&topics.state, p, &job.command_id, &json, now));
                     }
-                    if job.consumed.is_none() {
-                        // A caller of this instance waits for it: no one reads it from the
-                        // results topic (which is for commands that came through the
-                        // commands topic).
-                    } else if let Outcome::Accepted(_) = outcome {
+                    match (reply_to, outcome) {
+                        // A caller of this instance waits for it: nothing for the results topic.
+                        (None, _) => {}
                         // Its position is known only once the log assigned the events'
                         // offsets: written by the unit's `then`.
-                        positioned.push((
-                            job.command_id.clone(),
-                            outcome.clone(),
-                            appends.clone(),
-                            results_partition,
-                        ));
-                    } else {
-                        unit.appends.push(changelog::result_record(
-                            &topics.results,
-                            results_partition,
-                            &job.command_id,
-                            &json,
-                            now,
-                        ));
+                        (Some(results_partition), Outcome::Accepted(_)) => {
+                            positioned.push((
+                                job.command_id.clone(),
+                                outcome.clone(),
+                                appends.clone(),
+                                results_partition,
+                            ));
+                        }
+                        (Some(results_partition), _) => {
+                            unit.appends.push(changelog::result_record(
+                                &topics.results,
+                                results_partition,
+                                &job.command_id,
+                                &json,
+                                now,
+                            ));
+                        }
                     }
                 }
             }
