@@ -445,9 +445,7 @@ fn results_consumer(bootstrap: &str, topic: &str) -> anyhow::Result<BaseConsumer
     }
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, p, timeout)
-            .with_context(|| format!("reading the end offset of {topic}/{p}"))?;
+        let high = end_offset(&consumer, topic, p, timeout)?;
         assignment
             .add_partition_offset(topic, p, Offset::Offset(high))
             .context("building the assignment")?;
@@ -456,6 +454,22 @@ fn results_consumer(bootstrap: &str, topic: &str) -> anyhow::Result<BaseConsumer
         .assign(&assignment)
         .context("assigning the results partitions")?;
     Ok(consumer)
+}
+
+/// The high watermark of `topic/p`. A topic created a moment ago may not have a partition leader
+/// yet, so errors are retried until `timeout` has passed; the last one is reported.
+fn end_offset(consumer: &BaseConsumer, topic: &str, p: i32, timeout: Duration) -> anyhow::Result<i64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_watermarks(topic, p, left.max(Duration::from_millis(100))) {
+            Ok((_, high)) => return Ok(high),
+            Err(_) if Instant::now() + Duration::from_millis(200) < deadline => {
+                thread::sleep(Duration::from_millis(200))
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("reading the end offset of {topic}/{p}"))),
+        }
+    }
 }
 
 fn consume_results(consumer: &BaseConsumer, shared: &Shared, prefix: &str) -> anyhow::Result<Histogram<u64>> {
