@@ -20,4 +20,4 @@ pub use envelope::{EventView, Outcome, Record};
 pub use error::{Error, Result};
 pub use harness::AggregateTest;
 pub use position::Position;
-pub use projection::{Index, IndexKind, IndexValue, Projection, ProjectionTest, ViewChanges};
+pub use projection::{Index, IndexKind, IndexValue, Projection, ProjectionTest, Scope, ViewChanges};

@@ -299,6 +299,24 @@ impl<'a> ViewChanges<'a> {
     }
 }
 
+/// Where a view's rows live when several instances share the work (Kafka mode). With one
+/// instance (the embedded log, or a single Kafka instance) both scopes hold every row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every instance reads every partition of the source and holds every row: any
+    /// instance answers any query from its own store. Needed for unique indexes (a value
+    /// must be unique across all rows) and for rows keyed by something other than the
+    /// source aggregate (e.g. a row per customer built from order events).
+    Replicated,
+    /// Co-partitioned with the source: the instance owning a source partition (its
+    /// consumer group member) applies that partition's events and holds its rows. A key
+    /// lookup goes to the owner of the key's partition; an index query is sent to every
+    /// owner and the answers are merged in index order. Each instance stores and applies
+    /// only its share. A row key must fall in the partition of the event that writes it
+    /// (key rows by the aggregate id), and unique indexes are not available.
+    Partitioned,
+}
+
 /// A projection: events of [`Projection::Source`] to rows of the view [`Projection::VIEW`].
 /// Pure and deterministic: replaying the same events must build the same rows.
 pub trait Projection: Default + Send + Sync + 'static {
@@ -310,6 +328,9 @@ pub trait Projection: Default + Send + Sync + 'static {
     /// the previous one, if its projection is still registered, keeps serving; queries
     /// switch once the new one has caught up, and the old data is removed.
     const VERSION: u32 = 1;
+    /// Where the view's rows live when several instances run in Kafka mode (see
+    /// [`Scope`]); [`Scope::Replicated`] unless the projection says otherwise.
+    const SCOPE: Scope = Scope::Replicated;
     /// The aggregate type whose events this projection reads.
     type Source: Aggregate;
     /// The secondary indexes of the view.

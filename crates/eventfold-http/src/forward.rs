@@ -111,6 +111,64 @@ impl Forwarder {
     }
 }
 
+/// Header of one part of a scatter-gather query: the partitions the receiving instance
+/// answers for (comma-separated). It answers with the scan position of every row, so the
+/// instance that scattered the query can merge the parts in index order.
+pub const SHARD_PARTITIONS: &str = "ef-partitions";
+
+/// What another instance answered to one part of a scattered query.
+#[derive(Debug)]
+pub struct ShardAnswer {
+    /// Its status.
+    pub status: StatusCode,
+    /// Its `Retry-After`, if any.
+    pub retry_after: Option<HeaderValue>,
+    /// Its body.
+    pub body: axum::body::Bytes,
+}
+
+impl Forwarder {
+    /// Sends `GET {base_url}{path_and_query}` marked as forwarded and as one part of a
+    /// scattered query for `partitions`, and reads the whole answer; the whole exchange is
+    /// bounded by the forward timeout plus `extra` (a query may wait for a position).
+    /// Reaching the instance failing: the 503 `owner_unavailable` response to give.
+    pub async fn shard(
+        &self,
+        base_url: &str,
+        path_and_query: &str,
+        partitions: &[u32],
+        extra: Duration,
+    ) -> Result<ShardAnswer, Response> {
+        let url = format!("{}{path_and_query}", base_url.trim_end_matches('/'));
+        let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
+        let exchange = async {
+            let response = self
+                .client
+                .get(&url)
+                .header(FORWARDED_BY, &self.instance_id)
+                .header(SHARD_PARTITIONS, list.join(","))
+                .send()
+                .await?;
+            let status = response.status();
+            let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+            Ok::<_, reqwest::Error>((status, retry_after, response.bytes().await?))
+        };
+        match tokio::time::timeout(self.timeout + extra, exchange).await {
+            Ok(Ok((status, retry_after, body))) => Ok(ShardAnswer {
+                status: StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+                retry_after,
+                body,
+            }),
+            Ok(Err(e)) => Err(unavailable(base_url, &self.instance_id, &error_chain(&e))),
+            Err(_) => Err(unavailable(
+                base_url,
+                &self.instance_id,
+                &format!("no answer within {:?}", self.timeout + extra),
+            )),
+        }
+    }
+}
+
 /// `headers` without the hop-by-hop ones (those listed in `Connection` too).
 fn strip_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
     let listed: Vec<String> = headers

@@ -62,7 +62,7 @@ pub(crate) struct App {
     pub(crate) runtime: Runtime,
     pub(crate) options: Arc<HttpOptions>,
     /// Sends reads to the owning instance (with a registry only).
-    forwarder: Option<Forwarder>,
+    pub(crate) forwarder: Option<Forwarder>,
 }
 
 /// The API router over `runtime`.
@@ -139,18 +139,22 @@ async fn to_owner(State(app): State<App>, req: Request, next: Next) -> Response 
         // The registry still shows this instance (the group just moved the partition):
         // the local copy answers.
         Some(_) => next.run(req).await,
-        None => {
-            let mut err = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "owner_unavailable",
-                format!(
-                    "partition {p} of `{ty}` is owned by another instance and no live instance claims it yet (the consumer group is moving it); retry shortly"
-                ),
-            );
-            err.retry_after = Some(Duration::from_secs(1));
-            err.into_response()
-        }
+        None => owner_unavailable(&ty, p).into_response(),
     }
+}
+
+/// 503 `owner_unavailable` with `Retry-After: 1`: no live instance claims partition `p` of
+/// aggregate type `ty` (the consumer group is moving it).
+pub(crate) fn owner_unavailable(ty: &str, p: u32) -> ApiError {
+    let mut err = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_unavailable",
+        format!(
+            "partition {p} of `{ty}` is owned by another instance and no live instance claims it yet (the consumer group is moving it); retry shortly"
+        ),
+    );
+    err.retry_after = Some(Duration::from_secs(1));
+    err
 }
 
 fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, ApiError> {

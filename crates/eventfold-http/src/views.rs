@@ -16,17 +16,31 @@
 //! A cursor is opaque and URL-safe; it names the driving index, the order and the position
 //! of the last row examined, so the next page starts right after it (rows written since
 //! appear if they sort later). A cursor from another query shape is refused (400).
+//!
+//! **Partitioned views across instances** (Kafka mode with a registry): a key lookup for a
+//! row whose partition another instance serves is forwarded to it (one hop, like
+//! aggregate reads). An index query is **scattered**: every instance serving some of the
+//! view's partitions is asked for the same page over those partitions (header
+//! [`SHARD_PARTITIONS`]; it answers with each row's scan position), this instance answers
+//! for its own, and the parts are **merged** by scan position. A part that stopped early
+//! (its scan budget ran out) bounds the merge: only rows up to its position are complete,
+//! and the cursor continues from there, so pages concatenate to the full answer with no
+//! gap or repeat. A partition no live instance claims gives 503 `owner_unavailable`.
 
 use crate::error::ApiError;
-use crate::routes::App;
+use crate::forward::{Forwarder, SHARD_PARTITIONS};
+use crate::routes::{App, owner_unavailable};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use eventfold_core::{IndexKind, Position};
-use eventfold_runtime::{Condition, ViewService};
+use eventfold_core::{IndexKind, Position, Scope};
+use eventfold_runtime::{Condition, QueryRow, ViewService};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -69,7 +83,8 @@ pub(crate) async fn get_row(
     State(app): State<App>,
     Path((name, key)): Path<(String, String)>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-) -> Result<axum::Json<Value>, ApiError> {
+    req: Request,
+) -> Result<Response, ApiError> {
     let v = view(&app, &name)?;
     let mut min_position = None;
     for (k, val) in pairs(query)? {
@@ -84,9 +99,20 @@ pub(crate) async fn get_row(
             }
         }
     }
+    // A partitioned view's row is served by the owner of its partition.
+    let p = v.partition_of(&key);
+    if let (Some(forwarder), Some(registry)) = (&app.forwarder, &app.options.registry)
+        && !v.is_local(p)
+        && !Forwarder::already_forwarded(req.headers())
+    {
+        return Ok(match registry.owner(v.source_type(), p) {
+            Some(owner) if owner.instance_id != registry.instance_id() => forwarder.forward(&owner.http, req).await,
+            _ => owner_unavailable(v.source_type(), p).into_response(),
+        });
+    }
     barrier(&app, &v, min_position.as_deref()).await?;
     match v.get(&key)? {
-        Some(value) => Ok(axum::Json(json!({"key": key, "value": value}))),
+        Some(value) => Ok(axum::Json(json!({"key": key, "value": value})).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "row_not_found",
@@ -264,7 +290,9 @@ pub(crate) async fn query(
     State(app): State<App>,
     Path(name): Path<String>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-) -> Result<axum::Json<Value>, ApiError> {
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     let v = view(&app, &name)?;
     let p = parse(&v, pairs(query)?)?;
     let after = p
@@ -272,22 +300,250 @@ pub(crate) async fn query(
         .as_deref()
         .map(|c| decode_cursor(c, p.order_by.as_deref(), p.descending))
         .transpose()?;
-    barrier(&app, &v, p.min_position.as_deref()).await?;
+    let shard = headers
+        .get(SHARD_PARTITIONS)
+        .map(|h| parse_partitions(h.to_str().unwrap_or("?")))
+        .transpose()?;
     let q = eventfold_runtime::Query {
         order_by: p.order_by.clone(),
-        conditions: p.conditions,
+        conditions: p.conditions.clone(),
         descending: p.descending,
         limit: p.limit,
         after,
     };
-    let page = v.query(&q)?;
+    if let Some(partitions) = shard {
+        // One part of a query scattered by another instance.
+        barrier(&app, &v, p.min_position.as_deref()).await?;
+        let page = v.query_partitions(&q, Some(&partitions))?;
+        let rows: Vec<Value> = page
+            .rows
+            .into_iter()
+            .map(|r| json!({"key": r.key, "value": r.value, "position": URL_SAFE_NO_PAD.encode(&r.position)}))
+            .collect();
+        let next = page.next.map(|n| URL_SAFE_NO_PAD.encode(n));
+        return Ok(axum::Json(json!({"rows": rows, "next_position": next})).into_response());
+    }
+    let page =
+        if v.scope() == Scope::Partitioned && app.options.registry.is_some() && !Forwarder::already_forwarded(&headers)
+        {
+            match scatter(&app, &v, &q, p.min_position.as_deref(), &uri).await {
+                Ok(page) => page,
+                // An instance's refusal (e.g. 504 `view_behind`) or 503 `owner_unavailable`.
+                Err(response) => return Ok(response),
+            }
+        } else {
+            barrier(&app, &v, p.min_position.as_deref()).await?;
+            let page = v.query(&q)?;
+            Part {
+                rows: page.rows,
+                next: page.next,
+            }
+        };
     let rows: Vec<Value> = page
         .rows
         .into_iter()
-        .map(|(key, value)| json!({"key": key, "value": value}))
+        .map(|r| json!({"key": r.key, "value": r.value}))
         .collect();
     let next = page
         .next
         .map(|n| encode_cursor(p.order_by.as_deref(), p.descending, &n));
-    Ok(axum::Json(json!({"rows": rows, "next_cursor": next})))
+    Ok(axum::Json(json!({"rows": rows, "next_cursor": next})).into_response())
+}
+
+/// Rows in scan order and where the scan stopped (`None`: it is complete).
+struct Part {
+    rows: Vec<QueryRow>,
+    next: Option<Vec<u8>>,
+}
+
+fn parse_partitions(list: &str) -> Result<Vec<u32>, ApiError> {
+    list.split(',')
+        .map(|p| p.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            ApiError::bad_request(
+                "invalid_partitions",
+                format!("header {SHARD_PARTITIONS} must list partition numbers separated by commas, got {list:?}"),
+            )
+        })
+}
+
+/// Answers `q` on a partitioned view from every instance serving some of its partitions
+/// (see the module docs). The first refusal (its status and body passed on as they are)
+/// or failure to reach an instance is the answer.
+async fn scatter(
+    app: &App,
+    v: &ViewService,
+    q: &eventfold_runtime::Query,
+    min_position: Option<&str>,
+    uri: &Uri,
+) -> Result<Part, Response> {
+    let registry = app.options.registry.as_ref().expect("checked by the caller");
+    let forwarder = app.forwarder.as_ref().expect("a registry comes with a forwarder");
+    let mut remote: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for p in 0..app.runtime.log().partitions() {
+        if v.is_local(p) {
+            continue;
+        }
+        match registry.owner(v.source_type(), p) {
+            Some(owner) if owner.instance_id != registry.instance_id() => {
+                remote.entry(owner.http).or_default().push(p);
+            }
+            _ => return Err(owner_unavailable(v.source_type(), p).into_response()),
+        }
+    }
+    let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
+    let extra = if min_position.is_some() {
+        app.options.view_wait
+    } else {
+        std::time::Duration::ZERO
+    };
+    let asks = remote
+        .iter()
+        .map(|(url, partitions)| forwarder.shard(url, path, partitions, extra));
+    let local = async {
+        barrier(app, v, min_position).await?;
+        let page = v.query(q)?;
+        Ok::<_, ApiError>(Part {
+            rows: page.rows,
+            next: page.next,
+        })
+    };
+    let (local, answers) = tokio::join!(local, futures_util::future::join_all(asks));
+    let mut parts = vec![local.map_err(IntoResponse::into_response)?];
+    for answer in answers {
+        let answer = answer?;
+        if !answer.status.is_success() {
+            let mut refusal = (answer.status, answer.body).into_response();
+            let h = refusal.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            if let Some(r) = answer.retry_after {
+                h.insert(header::RETRY_AFTER, r);
+            }
+            return Err(refusal);
+        }
+        parts.push(decode_part(&answer.body).map_err(IntoResponse::into_response)?);
+    }
+    Ok(merge(parts, q.limit, q.descending))
+}
+
+fn decode_part(body: &[u8]) -> Result<Part, ApiError> {
+    let bad = |why: String| ApiError::new(StatusCode::BAD_GATEWAY, "bad_gateway", why);
+    #[derive(serde::Deserialize)]
+    struct Row {
+        key: String,
+        value: Box<RawValue>,
+        position: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Body {
+        rows: Vec<Row>,
+        next_position: Option<String>,
+    }
+    let b: Body = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("another instance's part of the query does not decode: {e}")))?;
+    let pos = |t: &str| {
+        URL_SAFE_NO_PAD
+            .decode(t)
+            .map_err(|e| bad(format!("another instance's part of the query has a bad position: {e}")))
+    };
+    let rows = b
+        .rows
+        .into_iter()
+        .map(|r| {
+            Ok(QueryRow {
+                position: pos(&r.position)?,
+                key: r.key,
+                value: r.value,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(Part {
+        rows,
+        next: b.next_position.as_deref().map(pos).transpose()?,
+    })
+}
+
+/// Merges the parts of a scattered query into one page of at most `limit` rows. A part
+/// that stopped early has seen every one of its rows up to its `next` only: rows beyond the
+/// earliest such position are left for the next page, which starts there.
+fn merge(parts: Vec<Part>, limit: usize, descending: bool) -> Part {
+    let order = |a: &[u8], b: &[u8]| if descending { b.cmp(a) } else { a.cmp(b) };
+    let frontier = parts.iter().filter_map(|p| p.next.clone()).min_by(|a, b| order(a, b));
+    let mut rows: Vec<QueryRow> = parts.into_iter().flat_map(|p| p.rows).collect();
+    rows.sort_by(|a, b| order(&a.position, &b.position));
+    let complete = rows
+        .iter()
+        .take_while(|r| {
+            frontier
+                .as_ref()
+                .is_none_or(|f| order(&r.position, f) != Ordering::Greater)
+        })
+        .count();
+    let more = rows.len() > limit.min(complete) || frontier.is_some();
+    rows.truncate(limit.min(complete));
+    let next = if rows.len() == limit && more {
+        rows.last().map(|r| r.position.clone())
+    } else {
+        frontier
+    };
+    Part { rows, next }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(positions: &[u8], next: Option<u8>) -> Part {
+        Part {
+            rows: positions
+                .iter()
+                .map(|p| QueryRow {
+                    key: format!("k{p}"),
+                    value: RawValue::from_string(p.to_string()).unwrap(),
+                    position: vec![*p],
+                })
+                .collect(),
+            next: next.map(|n| vec![n]),
+        }
+    }
+
+    fn keys(p: &Part) -> Vec<u8> {
+        p.rows.iter().map(|r| r.position[0]).collect()
+    }
+
+    #[test]
+    fn complete_parts_merge_in_order_up_to_the_limit() {
+        let m = merge(vec![part(&[1, 4, 9], None), part(&[2, 3, 10], None)], 4, false);
+        assert_eq!((keys(&m), m.next), (vec![1, 2, 3, 4], Some(vec![4])));
+        let m = merge(vec![part(&[1, 4], None), part(&[2], None)], 4, false);
+        assert_eq!((keys(&m), m.next), (vec![1, 2, 4], None));
+        // Exactly `limit` rows and nothing else: the last page.
+        let m = merge(vec![part(&[1, 4], None), part(&[2, 3], None)], 4, false);
+        assert_eq!((keys(&m), m.next), (vec![1, 2, 3, 4], None));
+    }
+
+    #[test]
+    fn a_part_that_stopped_early_bounds_the_page() {
+        // The second part examined up to 5 only: rows after 5 may still be missing there.
+        let m = merge(vec![part(&[1, 6, 7], None), part(&[2], Some(5))], 10, false);
+        assert_eq!((keys(&m), m.next), (vec![1, 2], Some(vec![5])));
+        // No row before its position: an empty page that still moves the cursor on.
+        let m = merge(vec![part(&[6], None), part(&[], Some(5))], 10, false);
+        assert_eq!((keys(&m), m.next), (vec![], Some(vec![5])));
+    }
+
+    #[test]
+    fn descending_parts_merge_from_the_highest() {
+        let m = merge(vec![part(&[9, 4, 1], None), part(&[10, 3], Some(3))], 3, true);
+        assert_eq!((keys(&m), m.next), (vec![10, 9, 4], Some(vec![4])));
+        let m = merge(vec![part(&[9, 4, 1], None), part(&[10, 3], Some(3))], 10, true);
+        assert_eq!((keys(&m), m.next), (vec![10, 9, 4, 3], Some(vec![3])));
+    }
+
+    #[test]
+    fn shard_partition_lists_are_checked() {
+        assert_eq!(parse_partitions("0, 3,7").unwrap(), vec![0, 3, 7]);
+        assert_eq!(parse_partitions("1;2").unwrap_err().code, "invalid_partitions");
+    }
 }

@@ -29,5 +29,6 @@ pub use error::{Error, Result};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
 pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};
 pub use view::{
-    Condition, Query, QueryPage, RebuildStats, ViewOptions, ViewPartitionReport, ViewReport, ViewService, ViewState,
+    Condition, Query, QueryPage, QueryRow, RebuildStats, ViewOptions, ViewPartitionReport, ViewReport, ViewService,
+    ViewState,
 };

@@ -113,7 +113,13 @@ pub trait AggregateService: Send + Sync + 'static {
     async fn state(&self, id: &str) -> Result<Option<StateView>>;
     /// Whether another instance owns `id`'s partition (Kafka mode): its state and events
     /// are read there.
-    fn owner_is_remote(&self, id: &str) -> bool;
+    fn owner_is_remote(&self, id: &str) -> bool {
+        self.partition_is_remote(partition_for(id.as_bytes(), self.partition_count()))
+    }
+    /// Whether another instance owns partition `p` (Kafka mode).
+    fn partition_is_remote(&self, p: u32) -> bool;
+    /// How many partitions the aggregate type has.
+    fn partition_count(&self) -> u32;
     /// Up to `max` events of `id` from `from_version` on.
     async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>>;
     /// Notifications `(aggregate id, new version)` after each commit.
@@ -287,9 +293,14 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
         }
     }
 
-    fn owner_is_remote(&self, id: &str) -> bool {
-        let p = partition_for(id.as_bytes(), self.partitions.len() as u32);
-        self.partitions[p as usize].0.state() == PartitionState::Remote
+    fn partition_is_remote(&self, p: u32) -> bool {
+        self.partitions
+            .get(p as usize)
+            .is_some_and(|(shared, _)| shared.state() == PartitionState::Remote)
+    }
+
+    fn partition_count(&self) -> u32 {
+        self.partitions.len() as u32
     }
 
     async fn state(&self, id: &str) -> Result<Option<StateView>> {

@@ -21,6 +21,13 @@
 //! stopped partition is [`ViewState::Failed`]. [`ViewService::report`] gives the state,
 //! lag and position.
 //!
+//! **Scopes.** A [`Scope::Replicated`] view applies every partition on every instance. A
+//! [`Scope::Partitioned`] view applies partition p only while this instance owns the source
+//! partition p ([`ViewState::Remote`] otherwise); taking p (back) it continues from its own
+//! checkpoint, whose rows are the fold up to there. Its rows must fall in their event's
+//! partition (checked on apply), and its queries answer for the partitions served here
+//! ([`ViewService::query_partitions`]); the HTTP layer forwards and merges across instances.
+//!
 //! **Versions and rebuilds.** A view is stored under [`storage_name`] of its
 //! [`Projection::VERSION`], so two versions can live side by side while the runtime
 //! switches from one to the other (see `RuntimeBuilder::view`). [`rebuild`] rebuilds a
@@ -31,7 +38,7 @@ use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::projection::{Event, RowReader};
-use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, ViewChanges};
+use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, Scope, ViewChanges};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
 use serde::Serialize;
@@ -44,6 +51,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
+
+/// How often an idle partition of a partitioned view checks whether this instance took
+/// its source partition over.
+const OWNERSHIP_POLL: Duration = Duration::from_millis(100);
 
 /// Options of the view processors and queries (defaults in parentheses).
 #[derive(Debug, Clone)]
@@ -102,11 +113,24 @@ pub struct Query {
     pub after: Option<Vec<u8>>,
 }
 
+/// One row of a query's answer.
+#[derive(Debug)]
+pub struct QueryRow {
+    /// Row key.
+    pub key: String,
+    /// The row's document.
+    pub value: Box<RawValue>,
+    /// Its scan position: the rows of one query sort by it (bytes, ascending or descending
+    /// with the query) on every instance, so the answers of several instances merge by it
+    /// and it can continue a query ([`Query::after`]).
+    pub position: Vec<u8>,
+}
+
 /// One page of answers.
 #[derive(Debug)]
 pub struct QueryPage {
-    /// `(key, document)` in order.
-    pub rows: Vec<(String, Box<RawValue>)>,
+    /// The rows in order.
+    pub rows: Vec<QueryRow>,
     /// Scan position to continue from; `None` on the last page.
     pub next: Option<Vec<u8>>,
 }
@@ -130,6 +154,9 @@ pub enum ViewState {
     Ready,
     /// Stopped after an error (see `error`); restart the service after fixing the cause.
     Failed,
+    /// A partitioned view's partition owned by another instance (Kafka mode): that
+    /// instance applies it and answers for its rows.
+    Remote,
 }
 
 /// One partition of a view, as `/readyz` shows it.
@@ -186,6 +213,12 @@ pub struct ViewService {
     retired: AtomicBool,
     workers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     source: Topics,
+    /// The source aggregate type.
+    source_type: &'static str,
+    scope: Scope,
+    /// The source's service, which knows the partitions this instance owns (live
+    /// partitioned views only; `None`: every partition is applied and served here).
+    owner: Option<Arc<dyn AggregateService>>,
     indexes: Vec<Index>,
     store: Store,
     options: ViewOptions,
@@ -257,6 +290,37 @@ impl ViewService {
         &self.source.events
     }
 
+    /// The source aggregate type (whose partitions a partitioned view follows).
+    pub fn source_type(&self) -> &str {
+        self.source_type
+    }
+
+    /// Where the rows live (see [`Scope`]).
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The partition of row `key` (that of the source aggregate with the same id).
+    pub fn partition_of(&self, key: &str) -> u32 {
+        partition_for(key.as_bytes(), self.partitions.len() as u32)
+    }
+
+    /// Whether this instance applies and serves partition `p`: always for a replicated
+    /// view; for a partitioned one, while this instance owns the source partition.
+    pub fn is_local(&self, p: u32) -> bool {
+        match (&self.owner, self.scope) {
+            (Some(source), Scope::Partitioned) => !source.partition_is_remote(p),
+            _ => true,
+        }
+    }
+
+    /// The partitions this instance serves now.
+    pub fn local_partitions(&self) -> Vec<u32> {
+        (0..self.partitions.len() as u32)
+            .filter(|p| self.is_local(*p))
+            .collect()
+    }
+
     /// How far the view has applied its source, as a position token's marks.
     pub fn position(&self) -> Position {
         let mut pos = Position::default();
@@ -280,7 +344,10 @@ impl ViewService {
                     self.partitions.len()
                 ))
             })?;
-            waits.push((part.applied.subscribe(), offset));
+            // A partition served elsewhere is waited for where it is served.
+            if self.is_local(p) {
+                waits.push((part.applied.subscribe(), offset));
+            }
         }
         let all = async {
             for (mut rx, offset) in waits {
@@ -311,9 +378,9 @@ impl ViewService {
         })
     }
 
-    /// Whether every partition has caught up (and none failed).
+    /// Whether every partition served here has caught up (and none failed).
     pub fn is_ready(&self) -> bool {
-        (0..self.partitions.len()).all(|p| self.state(p) == ViewState::Ready)
+        (0..self.partitions.len()).all(|p| matches!(self.state(p), ViewState::Ready | ViewState::Remote))
     }
 
     /// Whether a partition has stopped.
@@ -325,6 +392,8 @@ impl ViewService {
         let part = &self.partitions[p];
         if part.failure.lock().expect("not poisoned").is_some() {
             ViewState::Failed
+        } else if !self.is_local(p as u32) {
+            ViewState::Remote
         } else if part.caught_up.load(Ordering::Acquire) {
             ViewState::Ready
         } else {
@@ -357,6 +426,9 @@ impl ViewService {
                 }
             };
             let state = self.state(p);
+            if state == ViewState::Remote {
+                continue;
+            }
             let lag = end.saturating_sub(applied);
             report.lag += lag;
             report.state = match (report.state, state) {
@@ -380,10 +452,15 @@ impl ViewService {
         report
     }
 
-    /// Row `key`, if present.
+    /// Row `key`, if present. A partitioned view answers only for the partitions it
+    /// serves ([`Error::NotOwner`] otherwise: ask the owner).
     pub fn get(&self, key: &str) -> Result<Option<Box<RawValue>>> {
         if key.is_empty() || key.len() > eventfold_core::projection::MAX_ROW_KEY_BYTES {
             return Ok(None);
+        }
+        let p = self.partition_of(key);
+        if !self.is_local(p) {
+            return Err(self.not_owner(p));
         }
         match self.store.get_view_row(&self.storage, key)? {
             Some(json) => raw_json(self.name, key, json).map(Some),
@@ -391,8 +468,45 @@ impl ViewService {
         }
     }
 
-    /// Runs `query`: scans the driving index, filters by the other conditions.
+    fn not_owner(&self, p: u32) -> Error {
+        Error::NotOwner {
+            aggregate: self.source_type.to_owned(),
+            partition: p,
+        }
+    }
+
+    /// Runs `query`: scans the driving index, filters by the other conditions. A
+    /// partitioned view answers for the partitions it serves (see [`Self::query_partitions`]).
     pub fn query(&self, query: &Query) -> Result<QueryPage> {
+        self.query_partitions(query, None)
+    }
+
+    /// Runs `query` over the rows of `partitions` (`None`: every partition served here).
+    /// A partitioned view refuses partitions it does not serve ([`Error::NotOwner`]); its
+    /// store may still hold rows of partitions it served before, which are left out. A
+    /// replicated view holds every row and ignores `partitions`.
+    pub fn query_partitions(&self, query: &Query, partitions: Option<&[u32]>) -> Result<QueryPage> {
+        let wanted: Option<Vec<bool>> = match self.scope {
+            Scope::Replicated => None,
+            Scope::Partitioned => {
+                let mut wanted = vec![false; self.partitions.len()];
+                let list = partitions.map_or_else(|| self.local_partitions(), <[u32]>::to_vec);
+                for p in list {
+                    if p as usize >= wanted.len() {
+                        return Err(Error::BadRequest(format!(
+                            "view `{}` has {} partitions, not {p}",
+                            self.name,
+                            wanted.len()
+                        )));
+                    }
+                    if !self.is_local(p) {
+                        return Err(self.not_owner(p));
+                    }
+                    wanted[p as usize] = true;
+                }
+                Some(wanted)
+            }
+        };
         let unknown = |name: &str| Error::BadRequest(format!("view `{}` has no index `{name}`", self.name));
         let enc = |v: &Option<IndexValue>| v.as_ref().map(encode_value);
         for (name, c) in &query.conditions {
@@ -429,7 +543,13 @@ impl ViewService {
             let idx = self.index(name).ok_or_else(|| unknown(name))?;
             filters.push((idx, enc(&c.eq), enc(&c.gte), enc(&c.lt), enc_prefix(c)));
         }
-        let mut filter = |_key: &str, json: &[u8]| -> bool {
+        let count = self.partitions.len() as u32;
+        let mut filter = |key: &str, json: &[u8]| -> bool {
+            if let Some(wanted) = &wanted
+                && !wanted[partition_for(key.as_bytes(), count) as usize]
+            {
+                return false;
+            }
             if filters.is_empty() {
                 return true;
             }
@@ -453,7 +573,13 @@ impl ViewService {
         let rows = page
             .rows
             .into_iter()
-            .map(|h| Ok((h.key.clone(), raw_json(self.name, &h.key, h.json)?)))
+            .map(|h| {
+                Ok(QueryRow {
+                    value: raw_json(self.name, &h.key, h.json)?,
+                    key: h.key,
+                    position: h.position,
+                })
+            })
             .collect::<Result<_>>()?;
         Ok(QueryPage { rows, next: page.next })
     }
@@ -465,6 +591,7 @@ impl ViewService {
                 ViewState::Ready => 1,
                 ViewState::CatchingUp => 0,
                 ViewState::Failed => -1,
+                ViewState::Remote => 2,
             };
             let _ = writeln!(up, "eventfold_view_up{{view=\"{}\",partition=\"{p}\"}} {v}", self.name);
         }
@@ -495,10 +622,20 @@ impl ViewService {
 fn service<P: Projection>(
     log: &Arc<dyn Log>,
     source: Topics,
+    owner: Option<Arc<dyn AggregateService>>,
     options: &ViewOptions,
 ) -> (Arc<ViewService>, Arc<P>, Vec<u64>) {
     let projection = Arc::new(P::default());
     let indexes = projection.indexes();
+    if P::SCOPE == Scope::Partitioned
+        && let Some(idx) = indexes.iter().find(|i| i.unique)
+    {
+        panic!(
+            "view `{}` is partitioned and declares unique index `{}`: uniqueness across all rows needs every row in one place; make the view Scope::Replicated",
+            P::VIEW,
+            idx.name
+        );
+    }
     for (i, idx) in indexes.iter().enumerate() {
         assert!(
             indexes[..i].iter().all(|o| o.name != idx.name),
@@ -536,6 +673,9 @@ fn service<P: Projection>(
         retired: AtomicBool::new(false),
         workers: Mutex::new(Vec::new()),
         source,
+        source_type: <P::Source as Aggregate>::TYPE,
+        scope: P::SCOPE,
+        owner,
         unique_conflicts: indexes.iter().map(|_| AtomicU64::new(0)).collect(),
         indexes,
         store,
@@ -573,7 +713,7 @@ pub(crate) fn start<P: Projection>(
     source: &Arc<dyn AggregateService>,
     options: &ViewOptions,
 ) -> Arc<ViewService> {
-    let (svc, projection, starts) = service::<P>(log, source.topics().clone(), options);
+    let (svc, projection, starts) = service::<P>(log, source.topics().clone(), Some(source.clone()), options);
     // A rebuild that did not finish left the view half cleared: serving it (or building
     // on it) would be wrong, so its partitions stop until the rebuild is run again.
     match log.store().get_meta(&rebuild_marker_key(&svc.storage)) {
@@ -646,7 +786,7 @@ pub async fn rebuild<P: Projection>(
     b.put_meta(&marker, 1);
     store.commit(b, true)?;
     let cleared = store.clear_view(&storage, 10_000)?;
-    let (svc, projection, _) = service::<P>(&log, source.clone(), options);
+    let (svc, projection, _) = service::<P>(&log, source.clone(), None, options);
     let mut ends = Vec::new();
     for p in 0..log.partitions() {
         ends.push(log.end_offset(&source.events, p).await?);
@@ -766,17 +906,48 @@ struct Pending {
 impl<P: Projection> Worker<P> {
     async fn run(mut self, mut wake: broadcast::Receiver<(Arc<str>, u64)>) {
         let topic = self.svc.source.events.clone();
-        // The catch-up target: the source's end now (see the module docs on readiness).
-        let target = match self.log.end_offset(&topic, self.partition).await {
-            Ok(end) => end,
-            Err(e) => return self.fail(format!("cannot read the end of {topic}/{}: {e}", self.partition)),
-        };
         let svc = self.svc.clone();
         let progress = &svc.partitions[self.partition as usize];
-        progress.target.store(target, Ordering::Release);
+        // Whether this instance serves the partition: always for a replicated view; for a
+        // partitioned one, while it owns the source partition.
+        let mut serving = false;
+        let mut target = u64::MAX;
         loop {
             if svc.retired.load(Ordering::Acquire) {
                 return;
+            }
+            if !svc.is_local(self.partition) {
+                if serving {
+                    tracing::info!(
+                        view = P::VIEW,
+                        partition = self.partition,
+                        "view partition moved to another instance"
+                    );
+                    serving = false;
+                    progress.caught_up.store(false, Ordering::Release);
+                }
+                tokio::time::sleep(OWNERSHIP_POLL).await;
+                continue;
+            }
+            if !serving {
+                // The catch-up target: the source's end now (see the module docs on
+                // readiness). A partition taken over continues from its own checkpoint:
+                // the rows stored with it are the fold up to there.
+                target = match self.log.end_offset(&topic, self.partition).await {
+                    Ok(end) => end,
+                    Err(e) => return self.fail(format!("cannot read the end of {topic}/{}: {e}", self.partition)),
+                };
+                progress.target.store(target, Ordering::Release);
+                serving = true;
+                if svc.scope == Scope::Partitioned {
+                    tracing::info!(
+                        view = P::VIEW,
+                        partition = self.partition,
+                        from = self.next,
+                        target,
+                        "view partition served here"
+                    );
+                }
             }
             if self.next >= target && !progress.caught_up.load(Ordering::Relaxed) {
                 tracing::debug!(
@@ -914,6 +1085,14 @@ impl<P: Projection> Worker<P> {
                 return Err(format!("projection failed on {}: {e}", at()));
             }
             for (key, doc) in changes {
+                if self.svc.scope == Scope::Partitioned && self.svc.partition_of(&key) != self.partition {
+                    return Err(format!(
+                        "view `{}` is partitioned, but applying {} writes row `{key}`, which belongs to partition {}: rows of a partitioned view must be keyed like their source aggregate (e.g. by its id); make the view Scope::Replicated to key rows otherwise",
+                        P::VIEW,
+                        at(),
+                        self.svc.partition_of(&key)
+                    ));
+                }
                 self.change(&mut pending, &key, doc).map_err(|e| e.to_string())?;
             }
         }

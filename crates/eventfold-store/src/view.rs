@@ -163,6 +163,8 @@ pub struct Hit {
     pub key: String,
     /// The row's JSON document.
     pub json: Vec<u8>,
+    /// Its position in the scan (what [`Scan::after`] takes to continue after it).
+    pub position: Vec<u8>,
 }
 
 /// A page of a scan.
@@ -349,7 +351,11 @@ impl Store {
                 }
             };
             if filter(&key, &json) {
-                page.rows.push(Hit { key, json });
+                page.rows.push(Hit {
+                    key,
+                    json,
+                    position: k[prefix.len()..].to_vec(),
+                });
             }
             if page.rows.len() >= scan.limit || scanned >= scan.max_scanned.max(1) {
                 if iter.next().is_some() {

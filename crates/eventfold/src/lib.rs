@@ -14,4 +14,6 @@ pub use eventfold_log as log;
 pub use eventfold_runtime as runtime;
 pub use eventfold_store as store;
 
-pub use eventfold_core::{Aggregate, AggregateTest, Context, Index, Projection, ProjectionTest, Reject, ViewChanges};
+pub use eventfold_core::{
+    Aggregate, AggregateTest, Context, Index, Projection, ProjectionTest, Reject, Scope, ViewChanges,
+};

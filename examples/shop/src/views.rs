@@ -3,21 +3,26 @@
 //!
 //! Both are pure projections (see `eventfold::Projection`); the runtime keeps them up to
 //! date from the `order` and `customer` events and serves them under `/v1/views/...`.
+//! With several instances (Kafka mode), `orders` is **partitioned** (each instance holds
+//! the orders of the partitions it owns; queries are routed and merged) and `customers`
+//! is **replicated** (every instance holds every customer, so `email` stays unique across
+//! all of them).
 
 use crate::domain::{Customer, CustomerEvent, LineItem, Order, OrderEvent, OrderStatus};
-use eventfold::core::projection::{Event, Index, Projection, ViewChanges};
+use eventfold::core::projection::{Event, Index, Projection, Scope, ViewChanges};
 use serde_json::{Value, json};
 
 /// `orders`: one row per order, key = order id:
 /// `{customer_id, status, placed_at, total_cents, items}` (`placed_at` is the RFC 3339
 /// timestamp of the `OrderPlaced` event). Indexes: `customer_id` and `status` (strings),
 /// `placed_at` (timestamp) and `total_cents` (number); every index answers equality and
-/// ranges.
+/// ranges. Partitioned: rows are keyed by the order id, in the order's partition.
 #[derive(Debug, Default)]
 pub struct OrdersView;
 
 impl Projection for OrdersView {
     const VIEW: &'static str = "orders";
+    const SCOPE: Scope = Scope::Partitioned;
     type Source = Order;
 
     fn indexes(&self) -> Vec<Index> {

@@ -413,6 +413,83 @@ async fn read_log(http: &reqwest::Client, base: &str, orders: u64) -> BTreeMap<u
     log
 }
 
+/// The `orders` view (partitioned: each instance holds its partitions' rows) answers alike
+/// through every instance, with one row per placed order whose status and total are those
+/// of the order's state: nothing lost or doubled across the kills. Views follow the
+/// events asynchronously, so the check waits (bounded) for them to catch up.
+async fn check_orders_view(
+    http: &reqwest::Client,
+    bases: &[String],
+    log: &BTreeMap<u64, Vec<Value>>,
+    failures: &mut Vec<String>,
+) {
+    let mut expected = BTreeMap::new();
+    for (n, events) in log {
+        if events.is_empty() {
+            continue;
+        }
+        let id = order_id(*n);
+        let (status, body) = get(http, &format!("{}/v1/aggregates/order/{id}", bases[0])).await;
+        assert_eq!(status, 200, "{id}: {body}");
+        expected.insert(
+            id,
+            (body["state"]["status"].clone(), body["state"]["total_cents"].clone()),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for base in bases {
+        loop {
+            let mut seen = BTreeMap::new();
+            let mut doubled = Vec::new();
+            let mut cursor = String::new();
+            loop {
+                let url = format!("{base}/v1/views/orders?order_by=total_cents&limit=97{cursor}");
+                let (status, body) = get(http, &url).await;
+                assert_eq!(status, 200, "GET {url}: {body}");
+                for row in body["rows"].as_array().unwrap() {
+                    let key = row["key"].as_str().unwrap().to_owned();
+                    let value = (row["value"]["status"].clone(), row["value"]["total_cents"].clone());
+                    if seen.insert(key.clone(), value).is_some() {
+                        doubled.push(key);
+                    }
+                }
+                match body["next_cursor"].as_str() {
+                    Some(c) => cursor = format!("&cursor={c}"),
+                    None => break,
+                }
+            }
+            if seen == expected && doubled.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let differ = expected.iter().filter(|(k, v)| seen.get(*k) != Some(v)).count();
+                failures.push(format!(
+                    "orders view through {base}: {differ} of {} orders missing or different, {} extra rows, rows returned twice: {doubled:?}",
+                    expected.len(),
+                    seen.keys().filter(|k| !expected.contains_key(*k)).count()
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Key lookups, forwarded to the owner of the row's partition where needed.
+        for (id, (status, total)) in expected.iter().step_by(7) {
+            let url = format!("{base}/v1/views/orders/{id}");
+            let (code, body) = get(http, &url).await;
+            if code != 200 || body["value"]["status"] != *status || body["value"]["total_cents"] != *total {
+                failures.push(format!(
+                    "GET {url} -> {code} {body}; the order's state has {status} {total}"
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "crash test: orders view checked through {} instances: {} rows",
+        bases.len(),
+        expected.len()
+    );
+}
+
 /// I2 for one order: versions 1..n, state version n, state == fold(events).
 ///
 /// Returns whether the order has no events but a stored state (version 0, the empty
@@ -1143,6 +1220,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
                 "reads through the two instances differ for {differ} of {orders} orders"
             ));
         }
+        check_orders_view(&http, &[server.base(), peer.base()], &via_a, &mut forwarding_failures).await;
     }
     // One more crash with no load, so the last acknowledgements are checked for durability too.
     if let Some(peer) = &mut peer {

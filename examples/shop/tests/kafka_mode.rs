@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{get, post, read_committed, start};
+use common::{get, get_text, post, read_committed, start};
 use rdkafka::config::ClientConfig;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -317,6 +317,72 @@ fn orders_of(url: &str, customer: &str) -> Vec<(String, String)> {
     }
 }
 
+/// The keys a query returns, page by page with `limit` rows per page.
+fn paged_keys(url: &str, query: &str, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let path = format!("/v1/views/orders?{query}&limit={limit}{cursor}");
+        let (st, b) = get(url, &path);
+        assert_eq!(st, 200, "{path}: {b}");
+        let rows = b["rows"].as_array().unwrap();
+        assert!(rows.len() <= limit, "{path}: {b}");
+        out.extend(rows.iter().map(|r| r["key"].as_str().unwrap().to_owned()));
+        match b["next_cursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => return out,
+        }
+    }
+}
+
+/// Partitions of the `orders` view each instance serves itself (from `/metrics`: state 2
+/// is "served by another instance").
+fn view_partitions_served(url: &str) -> (usize, usize) {
+    let body = get_text(url, "/metrics");
+    let lines: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("eventfold_view_up{view=\"orders\""))
+        .collect();
+    (lines.iter().filter(|l| !l.ends_with(" 2")).count(), lines.len())
+}
+
+/// Every order's row, the same through both instances, and index queries whose pages
+/// (merged from both instances' parts) concatenate to the one-page answer.
+fn check_orders_view(urls: &[&str], ids: &[String]) {
+    for id in ids {
+        let rows: Vec<Value> = urls
+            .iter()
+            .map(|u| {
+                let (st, row) = get(u, &format!("/v1/views/orders/{id}"));
+                assert_eq!(st, 200, "{u}: {row}");
+                row
+            })
+            .collect();
+        assert!(rows.windows(2).all(|w| w[0] == w[1]), "{id}: {rows:?}");
+    }
+    for query in [
+        "order_by=placed_at&order=desc",
+        "total_cents_gte=0",
+        "status=placed&order=desc",
+    ] {
+        let whole = paged_keys(urls[0], query, 1000);
+        for url in urls {
+            for limit in [1, 2, 5] {
+                assert_eq!(paged_keys(url, query, limit), whole, "{url}: {query}, pages of {limit}");
+            }
+        }
+        let mut unique = whole.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), whole.len(), "{query}: a row twice: {whole:?}");
+        if query == "total_cents_gte=0" {
+            let mut expected = ids.to_vec();
+            expected.sort();
+            assert_eq!(unique, expected);
+        }
+    }
+}
+
 /// Two instances on Kafka split the partitions; commands go to either. Each instance
 /// materializes every view partition from the events topics, so either answers any key
 /// lookup (after the writer's position, read-your-writes across instances) and any index
@@ -411,12 +477,23 @@ fn two_instances_answer_every_view_query_alike() {
     };
     wait_rows(&url_a);
     wait_rows(&url_b);
+    // `orders` is partitioned: each instance applies and holds only its share.
+    let ((served_a, total), (served_b, _)) = (view_partitions_served(&url_a), view_partitions_served(&url_b));
+    assert!(
+        served_a > 0 && served_b > 0 && served_a + served_b == total,
+        "orders partitions served: a {served_a}, b {served_b} of {total}"
+    );
+    let ids: Vec<String> = expected.values().flatten().map(|(id, _)| id.clone()).collect();
+    check_orders_view(&[&url_a, &url_b], &ids);
 
     // b is killed and restarted on its data directory: the same rows, none lost or doubled.
     drop(b);
     let (_b, url_b, _) = start(dir_b.path(), &as_strs(&fb));
+    wait_split(&[&url_a, &url_b]);
     wait_rows(&url_b);
+    wait_rows(&url_a);
     for c in expected.keys() {
         assert_eq!(orders_of(&url_a, c), orders_of(&url_b, c));
     }
+    check_orders_view(&[&url_a, &url_b], &ids);
 }

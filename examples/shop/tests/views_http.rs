@@ -12,7 +12,7 @@ use eventfold::http::HttpOptions;
 use eventfold::log::testing::SlowReads;
 use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
-use eventfold::{Index, Projection, ViewChanges};
+use eventfold::{Index, Projection, Scope, ViewChanges};
 use rand::Rng;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -641,6 +641,89 @@ impl Projection for FailsOnBad {
             _ => view.upsert(event.aggregate_id, json!({})),
         }
     }
+}
+
+/// A partitioned view that keys rows by customer: rows outside the event's partition.
+#[derive(Debug, Default)]
+struct ByCustomerPartitioned;
+
+impl Projection for ByCustomerPartitioned {
+    const VIEW: &'static str = "by_customer";
+    const SCOPE: Scope = Scope::Partitioned;
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        Vec::new()
+    }
+    fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {
+        if let OrderEvent::OrderPlaced { customer_id, .. } = event.payload {
+            view.upsert(customer_id.as_str(), json!({"last_order": event.aggregate_id}));
+        }
+    }
+}
+
+/// A partitioned view with a unique index, which cannot be checked across instances.
+#[derive(Debug, Default)]
+struct UniquePartitioned;
+
+impl Projection for UniquePartitioned {
+    const VIEW: &'static str = "unique_partitioned";
+    const SCOPE: Scope = Scope::Partitioned;
+    type Source = Order;
+    fn indexes(&self) -> Vec<Index> {
+        vec![Index::string("customer_id").unique()]
+    }
+    fn apply(&self, _: &Event<'_, OrderEvent>, _: &mut ViewChanges<'_>) {}
+}
+
+/// A partitioned view's rows must be keyed like their source: a row that falls in another
+/// partition than its event stops that view partition with a message saying so (with one
+/// instance nothing would notice, but with several the row would live on the wrong one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_view_refuses_rows_outside_the_events_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at(T0);
+    let runtime = runtime_with(dir.path(), &clock, None, |b| b.view::<ByCustomerPartitioned>());
+    let s = serve(runtime, clock).await;
+    let place = |c: &str| json!({"type":"PlaceOrder","customer_id":c,"items":[{"sku":"x","qty":1,"price_cents":5}]});
+    // Find an order id and a customer id that fall in different partitions.
+    let partitions = s.runtime.log().partitions();
+    let customer = "c-1";
+    let order = (0..)
+        .map(|n| format!("o-{n}"))
+        .find(|o| {
+            eventfold::core::partition::partition_for(o.as_bytes(), partitions)
+                != eventfold::core::partition::partition_for(customer.as_bytes(), partitions)
+        })
+        .unwrap();
+    s.command("order", &order, place(customer)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (st, body) = s.get("/readyz").await;
+        if st == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the view never failed: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let error = view_of(&body, "by_customer")["partitions"][0]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        error.contains("is partitioned") && error.contains("row `c-1`") && error.contains("Scope::Replicated"),
+        "{error}"
+    );
+}
+
+#[test]
+#[should_panic(expected = "is partitioned and declares unique index `customer_id`")]
+fn a_partitioned_view_cannot_declare_a_unique_index() {
+    let dir = tempfile::tempdir().unwrap();
+    in_runtime(async {
+        runtime_with(dir.path(), &ManualClock::at(T0), None, |b| {
+            b.view::<UniquePartitioned>()
+        });
+    });
 }
 
 /// Serves `runtime` on port 0 like [`start`].

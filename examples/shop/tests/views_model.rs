@@ -10,15 +10,24 @@
 //! Half of the cases use a tiny scan budget (`ViewOptions::max_scanned`), so pages end
 //! early and cursors resume in the middle of filtered runs.
 //!
+//! The same cases (orders only) also run on Kafka with **two instances** (in-process
+//! runtimes, each with its own store, HTTP server and registry entry, splitting the order
+//! partitions): `orders` is partitioned, so every query is scattered to both and merged,
+//! key lookups are forwarded, and requests go to either instance in turn.
+//!
 //! Replay one case with `EVENTFOLD_PROPTEST_SEED=<seed>`; run more with
-//! `EVENTFOLD_PROPTEST_CASES=<n>` (default 24).
+//! `EVENTFOLD_PROPTEST_CASES=<n>` (default 24; the Kafka test runs a quarter of them, at
+//! least 2).
 
 mod common;
 
 use eventfold::core::Position;
 use eventfold::core::time::{parse_rfc3339_ms, rfc3339_ms};
 use eventfold::http::HttpOptions;
-use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
+use eventfold::log::Log;
+use eventfold::log::kafka::{KafkaLog, KafkaOptions};
+use eventfold::runtime::{ManualClock, Registry, Runtime, RuntimeOptions, ViewOptions};
+use eventfold::store::{Store, StoreOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
@@ -352,7 +361,11 @@ fn random_customers_query(rng: &mut StdRng, model: &Model) -> Q {
 
 struct Case {
     seed: u64,
-    base: String,
+    /// The instances; requests go to each in turn.
+    bases: Vec<String>,
+    turn: std::cell::Cell<usize>,
+    /// Whether customers (and the `customers` view) are part of the case.
+    customers: bool,
     client: reqwest::Client,
     clock: ManualClock,
     model: Model,
@@ -384,8 +397,35 @@ fn build(dir: &Path, clock: &ManualClock, max_scanned: usize) -> Runtime {
 }
 
 impl Case {
+    fn new(seed: u64, bases: Vec<String>, clock: ManualClock, max_scanned: usize) -> Self {
+        Case {
+            seed,
+            bases,
+            turn: std::cell::Cell::new(0),
+            customers: true,
+            client: reqwest::Client::new(),
+            clock,
+            model: Model::default(),
+            all: Position::default(),
+            max_scanned,
+            queries: 0,
+            non_empty: 0,
+        }
+    }
+
+    /// The next instance in turn.
+    fn base(&self) -> &str {
+        let n = self.turn.get();
+        self.turn.set(n + 1);
+        &self.bases[n % self.bases.len()]
+    }
+
     async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let resp = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        self.get_at(self.base(), path).await
+    }
+
+    async fn get_at(&self, base: &str, path: &str) -> (StatusCode, Value) {
+        let resp = self.client.get(format!("{base}{path}")).send().await.unwrap();
         (resp.status(), resp.json().await.unwrap_or(Value::Null))
     }
 
@@ -394,7 +434,7 @@ impl Case {
     async fn command(&mut self, ty: &str, id: &str, body: Value) -> Option<String> {
         let resp = self
             .client
-            .post(format!("{}/v1/aggregates/{ty}/{id}/commands", self.base))
+            .post(format!("{}/v1/aggregates/{ty}/{id}/commands", self.base()))
             .json(&body)
             .send()
             .await
@@ -419,7 +459,7 @@ impl Case {
 
     async fn random_commands(&mut self, rng: &mut StdRng, n: usize) {
         for _ in 0..n {
-            if rng.random_bool(0.7) {
+            if !self.customers || rng.random_bool(0.7) {
                 let id = format!("o-{:02}", rng.random_range(0..30));
                 let item = |rng: &mut StdRng| {
                     json!({"sku": pick(rng, &["apple", "pear"]), "qty": rng.random_range(0..4),
@@ -456,14 +496,18 @@ impl Case {
                 };
                 // The unique index keeps the first writer *in the order the view applies
                 // events*, which across partitions is only fixed if each write is applied
-                // before the next: wait for it (read-your-writes) before going on.
+                // before the next: wait for it (read-your-writes) before going on, on every
+                // instance (each applies the replicated view itself).
                 if let Some(pos) = self.command("customer", &id, body).await {
-                    let (st, body) = self.get(&format!("/v1/views/customers/{id}?min_position={pos}")).await;
-                    assert!(
-                        st == StatusCode::OK || st == StatusCode::NOT_FOUND,
-                        "seed {}: {st} {body}",
-                        self.seed
-                    );
+                    for base in &self.bases {
+                        let path = format!("/v1/views/customers/{id}?min_position={pos}");
+                        let (st, body) = self.get_at(base, &path).await;
+                        assert!(
+                            st == StatusCode::OK || st == StatusCode::NOT_FOUND,
+                            "seed {}: {st} {body}",
+                            self.seed
+                        );
+                    }
                 }
             }
         }
@@ -557,7 +601,7 @@ impl Case {
                 None => assert_eq!(st, StatusCode::NOT_FOUND, "seed {}: {id}: {body}", self.seed),
             }
         }
-        for i in 0..8 {
+        for i in 0..if self.customers { 8 } else { 0 } {
             let id = format!("cust-{i}");
             let (st, body) = self
                 .get(&format!("/v1/views/customers/{id}?{}", min.trim_start_matches('&')))
@@ -575,75 +619,182 @@ impl Case {
     }
 }
 
+fn random_budget(rng: &mut StdRng) -> usize {
+    if rng.random_bool(0.5) {
+        rng.random_range(1..12)
+    } else {
+        10_000
+    }
+}
+
 async fn run_case(seed: u64) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::at(T0);
-    let max_scanned = if rng.random_bool(0.5) {
-        rng.random_range(1..12)
-    } else {
-        10_000
-    };
+    let max_scanned = random_budget(&mut rng);
     let runtime = build(dir.path(), &clock, max_scanned);
     assert!(runtime.wait_restored(Duration::from_secs(10)).await);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = eventfold::http::router(runtime.clone(), HttpOptions::default());
     let server = tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
-    let mut case = Case {
-        seed,
-        base,
-        client: reqwest::Client::new(),
-        clock,
-        model: Model::default(),
-        all: Position::default(),
-        max_scanned,
-        queries: 0,
-        non_empty: 0,
-    };
-    // Two rounds: queries after a first batch of writes, then after more writes (updates
-    // move index entries; deletes remove rows).
-    for _ in 0..2 {
-        let n = rng.random_range(20..90);
-        case.random_commands(&mut rng, n).await;
-        case.check_keys().await;
-        let orders: Vec<(String, BTreeMap<&'static str, V>)> = case
-            .model
-            .orders
-            .iter()
-            .map(|(k, o)| {
-                let vals = ["customer_id", "status", "placed_at", "total_cents"]
-                    .into_iter()
-                    .map(|i| (i, o.field(i)))
-                    .collect();
-                (k.clone(), vals)
-            })
-            .collect();
-        for _ in 0..30 {
-            let q = random_orders_query(&mut rng, &case.model);
-            let want = q.answer(&orders);
-            case.check("orders", &q, &want, orders.len()).await;
-        }
-        // Only the holder of an address is in the unique index.
-        let customers: Vec<(String, BTreeMap<&'static str, V>)> = case
-            .model
-            .customers
-            .keys()
-            .map(|k| {
-                let held = case.model.email_holder.iter().find(|(_, h)| *h == k);
-                let vals = held.map(|(e, _)| ("email", V::Str(e.clone()))).into_iter().collect();
-                (k.clone(), vals)
-            })
-            .collect();
-        for _ in 0..15 {
-            let q = random_customers_query(&mut rng, &case.model);
-            let want = q.answer(&customers);
-            case.check("customers", &q, &want, customers.len()).await;
-        }
-    }
+    let mut case = Case::new(seed, vec![base], clock, max_scanned);
+    let counts = case.rounds(&mut rng).await;
     server.abort();
     drop(runtime);
-    (case.queries, case.non_empty)
+    counts
+}
+
+/// One instance of the Kafka case: its runtime, registry and HTTP server.
+struct Instance {
+    runtime: Runtime,
+    registry: Arc<Registry>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn kafka_instance(
+    bootstrap: &str,
+    app: &str,
+    id: &str,
+    clock: &ManualClock,
+    max_scanned: usize,
+) -> (Instance, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let options = KafkaOptions {
+        session_timeout: Duration::from_secs(6),
+        ..KafkaOptions::new(bootstrap, PARTITIONS, format!("{app}-{id}"))
+    };
+    let log: Arc<dyn Log> = Arc::new(tokio::task::block_in_place(|| KafkaLog::open(options, store)).unwrap());
+    let registry =
+        tokio::task::block_in_place(|| Registry::start(log.clone(), app, id, &base, Duration::from_millis(500)))
+            .unwrap();
+    let r = registry.clone();
+    let runtime = Runtime::builder(RuntimeOptions {
+        app_id: app.into(),
+        instance_id: id.into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .view_options(ViewOptions {
+        max_scanned,
+        ..Default::default()
+    })
+    .on_ownership(Arc::new(move |owned| r.set_owned(owned)))
+    .aggregate::<Order>(())
+    .view::<OrdersView>()
+    .build(log);
+    let router = eventfold::http::router(
+        runtime.clone(),
+        HttpOptions {
+            registry: Some(registry.clone()),
+            ..Default::default()
+        },
+    );
+    let server = tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
+    let instance = Instance {
+        runtime,
+        registry,
+        server,
+        _dir: dir,
+    };
+    (instance, base)
+}
+
+/// Partitions per topic in the Kafka case (few, so both instances own some of each type).
+const PARTITIONS: u32 = 4;
+
+async fn run_kafka_case(seed: u64, bootstrap: &str) -> (usize, usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let clock = ManualClock::at(T0);
+    let max_scanned = random_budget(&mut rng);
+    let app = format!("vm{seed}x{:08x}", rand::random::<u32>());
+    let (a, url_a) = kafka_instance(bootstrap, &app, "a", &clock, max_scanned).await;
+    let (b, url_b) = kafka_instance(bootstrap, &app, "b", &clock, max_scanned).await;
+    // Both instances own order partitions, and each knows who owns what.
+    let owners = |r: &Registry| -> Vec<(u32, Option<String>)> {
+        (0..PARTITIONS)
+            .map(|p| (p, r.owner("order", p).map(|o| o.instance_id)))
+            .collect()
+    };
+    let split = |r: &Registry| {
+        let o = owners(r);
+        o.iter().all(|(_, i)| i.is_some())
+            && o.iter().any(|(_, i)| i.as_deref() == Some("a"))
+            && o.iter().any(|(_, i)| i.as_deref() == Some("b"))
+    };
+    for i in [&a, &b] {
+        assert!(
+            i.registry.wait_for(split, Duration::from_secs(60)).await,
+            "seed {seed}: the instances did not split the partitions: {:?}",
+            owners(&i.registry)
+        );
+        assert!(i.runtime.wait_restored(Duration::from_secs(30)).await);
+    }
+    eprintln!("seed {seed}: order partitions {:?}", owners(&a.registry));
+    let mut case = Case::new(seed, vec![url_a, url_b], clock, max_scanned);
+    case.customers = false;
+    let counts = case.rounds(&mut rng).await;
+    for i in [a, b] {
+        i.registry.leave().await;
+        i.server.abort();
+        drop(i.runtime);
+    }
+    counts
+}
+
+impl Case {
+    /// The random commands and queries of one case; returns (queries, non-empty answers).
+    async fn rounds(&mut self, rng: &mut StdRng) -> (usize, usize) {
+        let case = self;
+        // Two rounds: queries after a first batch of writes, then after more writes (updates
+        // move index entries; deletes remove rows).
+        for _ in 0..2 {
+            let n = rng.random_range(20..90);
+            case.random_commands(rng, n).await;
+            case.check_keys().await;
+            let orders: Vec<(String, BTreeMap<&'static str, V>)> = case
+                .model
+                .orders
+                .iter()
+                .map(|(k, o)| {
+                    let vals = ["customer_id", "status", "placed_at", "total_cents"]
+                        .into_iter()
+                        .map(|i| (i, o.field(i)))
+                        .collect();
+                    (k.clone(), vals)
+                })
+                .collect();
+            for _ in 0..30 {
+                let q = random_orders_query(rng, &case.model);
+                let want = q.answer(&orders);
+                case.check("orders", &q, &want, orders.len()).await;
+            }
+            // Only the holder of an address is in the unique index.
+            if !case.customers {
+                continue;
+            }
+            let customers: Vec<(String, BTreeMap<&'static str, V>)> = case
+                .model
+                .customers
+                .keys()
+                .map(|k| {
+                    let held = case.model.email_holder.iter().find(|(_, h)| *h == k);
+                    let vals = held.map(|(e, _)| ("email", V::Str(e.clone()))).into_iter().collect();
+                    (k.clone(), vals)
+                })
+                .collect();
+            for _ in 0..15 {
+                let q = random_customers_query(rng, &case.model);
+                let want = q.answer(&customers);
+                case.check("customers", &q, &want, customers.len()).await;
+            }
+        }
+        (case.queries, case.non_empty)
+    }
 }
 
 #[test]
@@ -679,4 +830,40 @@ fn views_answer_every_query_like_a_model_of_the_accepted_events() {
     // The generator must produce answers worth comparing, not mostly empty ones.
     assert!(non_empty * 2 > queries, "{non_empty} of {queries} answers non-empty");
     eprintln!("views_model: {queries} queries ({non_empty} with rows) checked against the model");
+}
+
+/// The same property on Kafka with two instances (see the module docs).
+#[test]
+fn views_answer_every_query_like_a_model_across_two_kafka_instances() {
+    let bootstrap = common::kafka_bootstrap();
+    let seeds: Vec<u64> = match std::env::var("EVENTFOLD_PROPTEST_SEED") {
+        Ok(s) => vec![s.parse().expect("EVENTFOLD_PROPTEST_SEED is a u64")],
+        Err(_) => {
+            let cases: u64 = std::env::var("EVENTFOLD_PROPTEST_CASES")
+                .ok()
+                .map(|n| n.parse::<u64>().expect("EVENTFOLD_PROPTEST_CASES is a number") / 4)
+                .unwrap_or(6)
+                .max(2);
+            let base: u64 = rand::random::<u32>().into();
+            eprintln!(
+                "views_model on Kafka: seeds {base}..{} (replay one with EVENTFOLD_PROPTEST_SEED)",
+                base + cases
+            );
+            (base..base + cases).collect()
+        }
+    };
+    let (mut queries, mut non_empty) = (0, 0);
+    for seed in seeds {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (q, n) = rt.block_on(run_kafka_case(seed, &bootstrap));
+        rt.shutdown_timeout(Duration::from_secs(5));
+        queries += q;
+        non_empty += n;
+    }
+    assert!(non_empty * 2 > queries, "{non_empty} of {queries} answers non-empty");
+    eprintln!("views_model on Kafka: {queries} queries ({non_empty} with rows) checked against the model");
 }

@@ -115,6 +115,22 @@ pub fn get(url: &str, path: &str) -> (u16, serde_json::Value) {
     })
 }
 
+/// The body of `GET {url}{path}` as text (e.g. `/metrics`).
+pub fn get_text(url: &str, path: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        reqwest::get(format!("{url}{path}"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    })
+}
+
 /// The broker of the Kafka tests (`EVENTFOLD_KAFKA_BOOTSTRAP`, default 127.0.0.1:9092);
 /// fails when none answers: Kafka tests never skip.
 pub fn kafka_bootstrap() -> String {
