@@ -347,6 +347,84 @@ async fn reads_stop_at_transaction_markers_without_waiting() {
     }
 }
 
+/// Records of entities (events) are kept in the local cache and read back from it; a log
+/// on an empty store reads the same records, at the same offsets, from the broker. Of the
+/// other appends only the end of the copy is kept (`Store::log_end`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reads_equal_the_brokers() {
+    let bootstrap = require_broker();
+    let prefix = format!("cache-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    let events: Arc<str> = Arc::from(format!("{prefix}.order.events"));
+    let state: Arc<str> = Arc::from(format!("{prefix}.order.state"));
+    let (mut pending, mut last_state) = (Vec::new(), 0);
+    for n in 0..12u64 {
+        // Several units in flight at once sometimes (they may share a transaction), one
+        // at a time others: markers sit between some records.
+        let record = |v: &str| eventfold_core::Record {
+            key: format!("o-{n}").into_bytes(),
+            value: v.as_bytes().to_vec(),
+            headers: vec![("ef-n".into(), n.to_string().into_bytes())],
+            timestamp_ms: 1_000 + n as i64,
+        };
+        let unit = CommitUnit {
+            appends: vec![
+                Append {
+                    topic: events.clone(),
+                    partition: 1,
+                    record: record("event"),
+                    entity: Some((format!("o-{n}").into_bytes(), 1)),
+                },
+                Append {
+                    topic: state.clone(),
+                    partition: 1,
+                    record: record("state"),
+                    entity: None,
+                },
+            ],
+            ..Default::default()
+        };
+        pending.push(log.commit(unit));
+        if n % 3 == 0 {
+            // `commit` enqueues at once: awaiting in order waits for all of them.
+            for receipt in pending.drain(..) {
+                last_state = receipt.await.unwrap().offsets[1];
+            }
+        }
+    }
+    for receipt in pending {
+        last_state = receipt.await.unwrap().offsets[1];
+    }
+    let store = log.store();
+    let stored = store.stored_log_end(&events, 1).unwrap();
+    assert!(stored > 0, "events are kept locally");
+    assert_eq!(
+        store.stored_log_end(&state, 1).unwrap(),
+        0,
+        "state records are not kept"
+    );
+    assert_eq!(store.log_end(&state, 1).unwrap(), last_state + 1);
+    let fresh = open_log(options(&bootstrap, 2, &format!("{prefix}-b")), &dir, "b").await;
+    for from in [0, 1, 3, stored - 1] {
+        let cached = log.read(&events, 1, from, 100).await.unwrap();
+        let broker = fresh.read(&events, 1, from, 100).await.unwrap();
+        assert_eq!(cached, broker, "from {from}");
+    }
+    assert_eq!(log.read(&events, 1, 0, 100).await.unwrap().len(), 12);
+    assert_eq!(log.read(&state, 1, 0, 100).await.unwrap().len(), 12, "from the broker");
+    // Reads below the cache's end are answered by the cache (white box: a record put
+    // there directly, which the broker does not have, is what a read returns).
+    let marker = eventfold_core::Record {
+        value: b"only in the cache".to_vec(),
+        ..Default::default()
+    };
+    let mut b = eventfold_store::Batch::new();
+    b.put_log(&events, 1, stored, &marker);
+    store.commit(b, false).unwrap();
+    assert_eq!(log.read(&events, 1, stored, 1).await.unwrap(), vec![(stored, marker)]);
+}
+
 /// Topics are created on first use with the configs of their suffix (DESIGN §2), as the
 /// broker reports them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

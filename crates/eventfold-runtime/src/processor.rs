@@ -625,8 +625,10 @@ impl<A: Aggregate> Processor<A> {
                 };
                 let mut local = Batch::with_capacity(records.len() * 2);
                 for (offset, r) in &records {
-                    local.put_log(&topic, p, *offset, r);
+                    // Events are kept (per-entity reads); state records only change the
+                    // local tables, and the copy's end is recorded below.
                     let applied = if i == 0 {
+                        local.put_log(&topic, p, *offset, r);
                         changelog::apply_event_record(&mut local, &topic, p, *offset, r)
                     } else {
                         changelog::apply_state_record(&mut local, A::TYPE, p, r)
@@ -638,6 +640,9 @@ impl<A: Aggregate> Processor<A> {
                             reason,
                         })
                     })?;
+                }
+                if i == 1 {
+                    local.put_log_end(&topic, p, last + 1);
                 }
                 self.log
                     .commit(CommitUnit {

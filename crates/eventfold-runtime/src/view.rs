@@ -933,9 +933,15 @@ impl<P: Projection> Worker<P> {
                 // The catch-up target: the source's end now (see the module docs on
                 // readiness). A partition taken over continues from its own checkpoint:
                 // the rows stored with it are the fold up to there.
+                // The log may be away (a broker restart, which is also when partitions
+                // move): retry like a failed read.
                 target = match self.log.end_offset(&topic, self.partition).await {
                     Ok(end) => end,
-                    Err(e) => return self.fail(format!("cannot read the end of {topic}/{}: {e}", self.partition)),
+                    Err(e) => {
+                        tracing::warn!(view = P::VIEW, partition = self.partition, error = %e, "cannot read the source's end offset; retrying");
+                        tokio::time::sleep(self.svc.options.poll_interval.max(Duration::from_millis(500))).await;
+                        continue;
+                    }
                 };
                 progress.target.store(target, Ordering::Release);
                 serving = true;

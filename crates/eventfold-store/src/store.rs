@@ -145,6 +145,10 @@ fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
     k
 }
 
+fn log_end_key(topic: &str, partition: u32) -> String {
+    format!("log_end/{topic}/{partition}")
+}
+
 fn entity_prefix(topic: &str, entity: &[u8]) -> Vec<u8> {
     let mut k = key2(topic.as_bytes(), entity);
     k.push(0);
@@ -262,6 +266,13 @@ impl Batch {
     /// Appends a record encoded beforehand (so a single writer thread only builds keys).
     pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
         self.put(Table::Log, log_key(topic, partition, offset), record.0);
+    }
+
+    /// Records that `topic`/`partition` has been seen up to `next` (exclusive) without its
+    /// records being kept here ([`Store::log_end`] counts it): a backend that keeps only
+    /// some topics' records locally still knows where each topic's copy stopped.
+    pub fn put_log_end(&mut self, topic: &str, partition: u32, next: u64) {
+        self.put_meta(&log_end_key(topic, partition), next);
     }
 
     /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
@@ -460,8 +471,16 @@ impl Store {
         }
     }
 
-    /// The offset after the last record of `topic`/`partition` (0 when empty).
+    /// How far `topic`/`partition` has been copied here: the offset after its last
+    /// stored record, or the end recorded with [`Batch::put_log_end`] if that is further
+    /// (0 when neither).
     pub fn log_end(&self, topic: &str, partition: u32) -> Result<u64> {
+        let recorded = self.get_meta(&log_end_key(topic, partition))?.unwrap_or(0);
+        Ok(self.stored_log_end(topic, partition)?.max(recorded))
+    }
+
+    /// The offset after the last record of `topic`/`partition` stored here (0 when none).
+    pub fn stored_log_end(&self, topic: &str, partition: u32) -> Result<u64> {
         let prefix = log_prefix(topic, partition);
         match self.table(Table::Log).prefix(&prefix).next_back() {
             Some(kv) => Ok(offset_of(&kv.key()?) + 1),
@@ -593,6 +612,13 @@ mod tests {
         let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         assert_eq!(s.log_end("t", 1).unwrap(), 2);
         assert_eq!(s.log_end("t", 3).unwrap(), 0);
+        // An end recorded without records counts when it is further.
+        let mut b = Batch::new();
+        b.put_log_end("t", 1, 7);
+        b.put_log_end("t", 3, 4);
+        s.commit(b, false).unwrap();
+        assert_eq!((s.log_end("t", 1).unwrap(), s.stored_log_end("t", 1).unwrap()), (7, 2));
+        assert_eq!((s.log_end("t", 3).unwrap(), s.stored_log_end("t", 3).unwrap()), (4, 0));
         assert_eq!(s.read_log("t", 1, 1, 10).unwrap(), vec![(1, rec("b"))]);
         let ev = s.entity_events("t", b"k", 2, 10).unwrap();
         assert_eq!(ev.len(), 1);

@@ -16,13 +16,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-/// A unit waiting for the committer, with its records already encoded for the local
-/// cache (encoding runs on the caller's thread).
+/// A unit waiting for the committer, with its entity records (events) already encoded for
+/// the local cache (encoding runs on the caller's thread).
 pub(in crate::kafka) struct Job {
     appends: Vec<Append>,
     /// Builds more records from the appends' offsets (`CommitUnit::then`).
     then: Option<crate::Then>,
-    encoded: Vec<EncodedRecord>,
+    /// Per append: its encoding when it is kept locally (it has an entity).
+    encoded: Vec<Option<EncodedRecord>>,
     consumed: Vec<Consumed>,
     local: Batch,
     bytes: usize,
@@ -32,16 +33,21 @@ pub(in crate::kafka) struct Job {
     resume: Option<u32>,
 }
 
+/// The local encoding of an append the cache keeps (one with an entity).
+fn encode_kept(a: &Append) -> Option<EncodedRecord> {
+    a.entity.as_ref().map(|_| EncodedRecord::new(&a.record))
+}
+
 impl Job {
     pub(in crate::kafka) fn new(unit: CommitUnit, reply: Reply) -> Self {
-        let encoded: Vec<EncodedRecord> = unit.appends.iter().map(|a| EncodedRecord::new(&a.record)).collect();
+        let encoded: Vec<Option<EncodedRecord>> = unit.appends.iter().map(encode_kept).collect();
         let record_bytes = |a: &Append| {
             let r = &a.record;
             r.key.len() + r.value.len() + r.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
         };
         Self {
             largest_record: unit.appends.iter().map(record_bytes).max().unwrap_or(0),
-            bytes: unit.local.bytes() + encoded.iter().map(EncodedRecord::len).sum::<usize>(),
+            bytes: unit.local.bytes() + unit.appends.iter().map(record_bytes).sum::<usize>(),
             appends: unit.appends,
             then: unit.then,
             encoded,
@@ -359,12 +365,21 @@ impl Committer {
         let mut replies = Vec::with_capacity(ready.len());
         let mut next = offsets.iter().copied();
         let (mut units, mut records) = (0u64, 0u64);
+        // Records of entities (events) are kept for per-entity reads; of the others only
+        // how far the copy goes (see the module docs).
+        let mut ends: HashMap<(Arc<str>, u32), u64> = HashMap::new();
         for job in ready {
             let mine: Vec<u64> = next.by_ref().take(job.appends.len()).collect();
             for ((a, record), off) in job.appends.iter().zip(job.encoded).zip(&mine) {
-                batch.put_log_encoded(&a.topic, a.partition, *off, record);
-                if let Some((entity, version)) = &a.entity {
-                    batch.put_entity(&a.topic, entity, *version, a.partition, *off);
+                match (&a.entity, record) {
+                    (Some((entity, version)), Some(record)) => {
+                        batch.put_log_encoded(&a.topic, a.partition, *off, record);
+                        batch.put_entity(&a.topic, entity, *version, a.partition, *off);
+                    }
+                    _ => {
+                        let e = ends.entry((a.topic.clone(), a.partition)).or_insert(0);
+                        *e = (*e).max(off + 1);
+                    }
                 }
             }
             for c in &job.consumed {
@@ -375,6 +390,9 @@ impl Committer {
             records += mine.len() as u64;
             receipts.push(Receipt { offsets: mine });
             replies.push(job.reply);
+        }
+        for ((topic, partition), end) in ends {
+            batch.put_log_end(&topic, partition, end);
         }
         // No fsync: Kafka holds the committed truth and the batch carries its own
         // checkpoints, so a batch lost to a machine crash only makes the next restore
@@ -507,7 +525,7 @@ impl Committer {
             at += job.appends.len();
             offsets.extend_from_slice(&second[at2..at2 + more.len()]);
             at2 += more.len();
-            job.encoded.extend(more.iter().map(|a| EncodedRecord::new(&a.record)));
+            job.encoded.extend(more.iter().map(encode_kept));
             job.appends.extend(more);
         }
         Ok(offsets)

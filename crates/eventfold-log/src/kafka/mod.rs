@@ -9,9 +9,12 @@
 //! for the units' consumed offsets, then it waits for the delivery report of every
 //! record (each carries the record's offset, so every append's offset is known before
 //! the commit), then `commit_transaction`. Only after the transaction committed does it
-//! write the local store in one batch (not fsynced: the store is a cache of the topics, and each batch carries its own checkpoints): every unit's `local` changes, plus the
-//! appended records, their entity index entries and the consumed offsets as a local
-//! cache (so [`Store::entity_events`] works in Kafka mode too). Then it answers the
+//! write the local store in one batch (not fsynced: the store is a cache of the topics, and each batch carries its own checkpoints): every unit's `local` changes, the
+//! consumed offsets, and as a local cache the appended records **of entities** (events)
+//! with their entity index entries (so [`Store::entity_events`] works in Kafka mode too);
+//! of the other appends (state, results) only how far each partition's copy goes
+//! ([`Batch::put_log_end`](eventfold_store::Batch::put_log_end)): their content lives in
+//! the local tables the unit's `local` changes write. Then it answers the
 //! callers, in enqueue order. A group of units with only local changes needs no
 //! transaction and only writes the store (still in order).
 //!
@@ -34,8 +37,13 @@
 //! is final: the log refuses everything (fail-stop). Dropping the log commits what is
 //! queued, then stops the committer.
 //!
-//! **Reads** use `read_committed` consumers assigned to one partition (no group
-//! subscription), with bounded waits. [`Log::end_offset`] is the partition's last stable
+//! **Reads** of offsets below the last record the local cache stores are answered from it:
+//! a kept topic's cache holds every committed record from offset 0 up to there, because it
+//! is filled only by this log's own commits and by restores that replay the partition in
+//! order from where the cache stops (offsets it lacks are transaction markers). So a view
+//! catching up after a restore reads the copy the restore just made. Other reads use
+//! `read_committed` consumers assigned to one partition (no group subscription), with
+//! bounded waits. [`Log::end_offset`] is the partition's last stable
 //! offset (LSO): librdkafka's watermark query sends `ListOffsets` with the client's
 //! isolation level, so a `read_committed` client gets the LSO, not the high watermark
 //! (the two are equal when no transaction is open on the partition). Offsets have gaps:
@@ -445,7 +453,16 @@ impl Log for KafkaLog {
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         self.shared.check_partition(topic, partition)?;
         let topic = topic.to_owned();
-        self.blocking(move |s| s.read(&topic, partition, from, max)).await
+        let store = self.store.clone();
+        self.blocking(move |s| {
+            // The local cache holds every committed record of a kept topic below the end
+            // of what it stores (see the module docs): read those here, not from the broker.
+            if max > 0 && from < store.stored_log_end(&topic, partition)? {
+                return Ok(store.read_log(&topic, partition, from, max)?);
+            }
+            s.read(&topic, partition, from, max)
+        })
+        .await
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
