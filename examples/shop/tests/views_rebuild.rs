@@ -217,6 +217,26 @@ fn a_view_rebuilt_from_kafka_answers_the_same_as_before() {
     stop(shop1);
     let events_before = common::read_committed(&bootstrap, &format!("{app}.order.events"), 4).len();
 
+    // A source that cannot be read fails the rebuild before it touches the view.
+    let wrong = format!("{app}x");
+    let mut args = vec!["views", "rebuild", "orders", "--data-dir", d];
+    args.extend_from_slice(&flags);
+    assert_eq!(args[7], "--app-id");
+    args[8] = wrong.as_str();
+    let out = shop(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("topic `{wrong}.order.events` does not exist")),
+        "{err}"
+    );
+    {
+        let store = eventfold::store::Store::open(dir.path(), &Default::default()).unwrap();
+        let marker = eventfold::runtime::view::rebuild_marker_key("orders");
+        assert_eq!(store.get_meta(&marker).unwrap(), None, "no rebuild marker left");
+        assert!(store.count_view_rows("orders").unwrap() > 0, "the view was not cleared");
+    }
+
     for (view, events) in [("orders", order_events), ("customers", customer_events)] {
         let mut args = vec!["views", "rebuild", view, "--data-dir", d];
         args.extend_from_slice(&flags);

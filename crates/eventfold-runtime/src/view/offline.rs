@@ -65,16 +65,18 @@ pub async fn rebuild<P: Projection>(
     let source = Topics::new(app_id, <P::Source as Aggregate>::TYPE);
     let store = log.store().clone();
     let storage = storage_name(P::VIEW, P::VERSION);
+    // The ends first: a source that cannot be read (a missing topic, a broker away)
+    // fails the rebuild before it touches the view.
+    let mut ends = Vec::new();
+    for p in 0..log.partitions() {
+        ends.push(log.end_offset(&source.events, p).await?);
+    }
     let marker = rebuild_marker_key(&storage);
     let mut b = Batch::new();
     b.put_meta(&marker, 1);
     store.commit(b, true)?;
     let cleared = store.clear_view(&storage, 10_000)?;
     let (svc, projection, _) = service::<P>(&log, source.clone(), options);
-    let mut ends = Vec::new();
-    for p in 0..log.partitions() {
-        ends.push(log.end_offset(&source.events, p).await?);
-    }
     let total: u64 = ends.iter().sum();
     progress(0, total);
     let failed = |partition: u32, reason: String| Error::ViewFailed {
