@@ -14,6 +14,11 @@ Scenarios (each records its parameters in the results):
             (restart on the same data dir) and Kafka (a new instance on an empty cache).
   views     view queries over HTTP on the embedded shop after N orders: key lookups
             (GET /v1/views/orders/{id}) and index queries (customer_id=..&limit=20).
+  rebuild   `shop views rebuild orders` (offline) on an embedded log of N order events
+            (N/2 PlaceOrder, then one AddItem per order): events/s as the rebuild prints
+            it (clearing the old view included) and the process's wall time. With
+            --baseline-shop OLD_BINARY, that shop rebuilds the same data too, runs
+            alternated, for a before/after ratio.
 
 Outputs bench/results/: results.json (every figure and parameter), results.md (tables and
 ratios), throughput.png and latency.png.
@@ -22,6 +27,7 @@ Usage:
   bench/run.py                      full run (several minutes per scenario)
   bench/run.py --smoke              seconds per run, small N (what CI runs)
   bench/run.py --scenarios kafka --runs 5
+  bench/run.py --scenarios rebuild --baseline-shop /tmp/shop-before
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import datetime
 import json
 import os
 import platform
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -49,7 +57,7 @@ RESULTS = ROOT / "bench" / "results"  # --out; smoke runs default to RESULTS / "
 KS_PEER = ROOT / "bench" / "peers" / "kafka-streams"
 CQRS_PEER = ROOT / "bench" / "peers" / "cqrs-es"
 CACHE = Path(os.environ.get("EVENTFOLD_CACHE", Path.home() / ".cache" / "eventfold"))
-SCENARIOS = ("embedded", "kafka", "restore", "views")
+SCENARIOS = ("embedded", "kafka", "restore", "views", "rebuild")
 
 
 def log(msg: str) -> None:
@@ -278,10 +286,10 @@ class Suite:
 
     # ---------------------------------------------------------------- services
 
-    def shop(self, name, data_dir, kafka=False, app="shop", partitions=8):
+    def shop(self, name, data_dir, kafka=False, app="shop", partitions=8, extra=()):
         port = free_port()
         cmd = [str(self.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
-               "--partitions", str(partitions)]
+               "--partitions", str(partitions), *extra]
         if kafka:
             cmd += ["--kafka", self.bootstrap, "--app-id", app]
         return service(name, cmd, self.work, env={"RUST_LOG": "warn"}), f"http://127.0.0.1:{port}"
@@ -440,6 +448,54 @@ class Suite:
         shutil.rmtree(data, ignore_errors=True)
         self.record("views", params, runs, pairs=[])
 
+    def scenario_rebuild(self):
+        a = self.args
+        n = a.rebuild_n
+        orders = n // 2
+        params = {"events": n, "orders": orders, "partitions": a.partitions,
+                  "populate": f"{orders} PlaceOrder (eventfold load, ids o-0..), then one AddItem per order "
+                              "(--no-fsync while filling)",
+                  "measure": "events/s printed by `shop views rebuild orders` (clearing the old view included); "
+                             "wall_s and cpu_s (user+sys): the whole process (store open and journal replay included)"}
+        data = self.work / "rebuild"
+        ids = ["--ids", str(orders), "--sequential-ids", "--id-prefix", "o-"]
+        svc, url = self.shop("shop-rebuild-fill", data, partitions=a.partitions, extra=["--no-fsync"])
+        with svc as p:
+            p.wait_http(url + "/readyz", 60)
+            log(f"rebuild: writing {n} order events")
+            self.http_load(url, None, 64, count=orders, extra=ids)
+            self.http_load(url, None, 64, count=n - orders,
+                           extra=[*ids, "--type", "order",
+                                  "--body", '{"type":"AddItem","sku":"sku-2","qty":2,"price_cents":250}'])
+        binaries = {"eventfold rebuild": self.bin / "shop"}
+        if a.baseline_shop:
+            binaries["baseline rebuild"] = a.baseline_shop
+            params["baseline"] = str(a.baseline_shop)
+        runs = {name: [] for name in binaries}
+        for i in range(a.runs):
+            for name, binary in binaries.items():
+                log(f"rebuild run {i + 1}/{a.runs}: {name}")
+                runs[name].append(self.rebuild_run(binary, data, n))
+        shutil.rmtree(data, ignore_errors=True)
+        self.record("rebuild", params, runs, pairs=[("eventfold rebuild", "baseline rebuild")])
+
+    def rebuild_run(self, binary, data, events):
+        cmd = [str(binary), "views", "rebuild", "orders", "--data-dir", str(data),
+               "--partitions", str(self.args.partitions)]
+        started = time.monotonic()
+        cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = run(cmd, stdout=subprocess.PIPE, text=True).stdout
+        wall = time.monotonic() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # CPU time is what a shared machine's noise distorts least.
+        cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+        m = re.search(r"rebuilt view `orders`: (\d+) events in ([\d.]+) s \((\d+) events/s\)", out)
+        if not m:
+            die(f"unexpected rebuild output: {out}")
+        if int(m.group(1)) != events:
+            die(f"the rebuild applied {m.group(1)} events, expected {events}: {out}")
+        return {"throughput_per_s": float(m.group(3)), "elapsed_s": float(m.group(2)), "wall_s": wall, "cpu_s": cpu}
+
     def view_lag(self, url, rate, duration, tag):
         """Time from a command's acknowledgement to its row in the orders view, under load."""
         cmd = [str(self.bin / "eventfold"), "load", "--url", url, "--json", "--quiet", "--concurrency", "256",
@@ -510,6 +566,8 @@ def medians(runs: list[dict]) -> dict:
     def pick(r):
         if "ready_s" in r:
             return {"ready_s": r["ready_s"]}
+        if "wall_s" in r:
+            return {k: r[k] for k in ("throughput_per_s", "elapsed_s", "wall_s", "cpu_s")}
         lat = r.get("latency_ms", {})
         return {
             "throughput_per_s": r.get("throughput_per_s"),
@@ -558,6 +616,14 @@ def markdown(res: dict) -> str:
             for system, s in sc["systems"].items():
                 rs = ", ".join(f"{r['ready_s']:.2f}" for r in s["runs"])
                 out.append(f"| {system} | {s['median']['ready_s']:.2f} | {rs} |")
+        elif name == "rebuild":
+            out += ["| system | events/s | rebuild s | process wall s | process CPU s | runs (events/s) |",
+                    "|---|---:|---:|---:|---:|---|"]
+            for system, s in sc["systems"].items():
+                md = s["median"]
+                rs = ", ".join(fmt(r["throughput_per_s"], 0) for r in s["runs"])
+                out.append(f"| {system} | {fmt(md['throughput_per_s'], 0)} | {md['elapsed_s']:.2f} | "
+                           f"{md['wall_s']:.2f} | {md['cpu_s']:.2f} | {rs} |")
         else:
             out += ["| system | per second | p50 ms | p90 ms | p99 ms | p99.9 ms | failed | runs (commands/s) |",
                     "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -597,6 +663,8 @@ def charts(res: dict, out: Path) -> None:
             bars.append((f"{name}: {system}", md["throughput_per_s"], min(t), max(t)))
         for system, s in sc["systems"].items():
             md = s["median"]
+            if md.get("p50_ms") is None:
+                continue  # no latency figures (rebuild)
             lat.append((f"{name}: {system}", [md.get("p50_ms"), md.get("p90_ms"), md.get("p99_ms"),
                                                md.get("p99_9_ms")]))
     if bars:
@@ -650,6 +718,9 @@ def main():
     ap.add_argument("--restore-n", help="comma list of aggregate counts (default 100000,1000000; smoke 1000)")
     ap.add_argument("--lag-rate", type=int, help="commands/s while view lag is probed (default 10000; smoke 200)")
     ap.add_argument("--views-n", type=int, help="orders written before the view queries (default 100000; smoke 500)")
+    ap.add_argument("--rebuild-n", type=int, help="order events the rebuild scenario rebuilds (default 1000000; smoke 2000)")
+    ap.add_argument("--baseline-shop", type=Path,
+                    help="rebuild scenario: an older shop binary to compare with (build it from a worktree of that commit)")
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
@@ -668,6 +739,7 @@ def main():
     a.warmup = a.warmup if a.warmup is not None else (None if a.smoke else "3s")
     a.kafka_rate = a.kafka_rate or (500 if a.smoke else 5000)
     a.views_n = a.views_n or (500 if a.smoke else 100_000)
+    a.rebuild_n = a.rebuild_n or (2000 if a.smoke else 1_000_000)
     a.lag_rate = a.lag_rate or (200 if a.smoke else 10_000)
     a.restore_n = [int(x) for x in (a.restore_n or ("1000" if a.smoke else "100000,1000000")).split(",")]
     scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]

@@ -52,6 +52,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
+mod offline;
+pub use offline::{RebuildStats, rebuild};
+
 /// How often an idle partition of a partitioned view checks whether this instance took
 /// its source partition over.
 const OWNERSHIP_POLL: Duration = Duration::from_millis(100);
@@ -69,6 +72,14 @@ pub struct ViewOptions {
     /// Most index entries a query examines before it returns a short page with a cursor
     /// (10,000); bounds the work of post-filters.
     pub max_scanned: usize,
+    /// [`rebuild`]: most source events read, applied and committed as one store batch
+    /// (16,384). Larger batches amortize the commit and let a row changed twice within
+    /// one batch be written once.
+    pub rebuild_batch_events: usize,
+    /// [`rebuild`]: bytes of rows (keys and JSON) and unique-index owners kept in memory
+    /// across batches (256 MiB), so the rebuild reads what it wrote from memory instead
+    /// of the store. Past it the memory is dropped and later misses read the store.
+    pub rebuild_cache_bytes: usize,
 }
 
 impl Default for ViewOptions {
@@ -78,6 +89,8 @@ impl Default for ViewOptions {
             poll_interval: Duration::from_millis(500),
             linger: Duration::from_millis(10),
             max_scanned: 10_000,
+            rebuild_batch_events: 16_384,
+            rebuild_cache_bytes: 256 << 20,
         }
     }
 }
@@ -746,94 +759,6 @@ pub(crate) fn start<P: Projection>(
     svc
 }
 
-/// What a rebuild did.
-#[derive(Debug, Clone, Default)]
-pub struct RebuildStats {
-    /// Entries removed before the rebuild (rows, index entries, checkpoints).
-    pub cleared: u64,
-    /// Source events applied.
-    pub events: u64,
-    /// Rows the view holds afterwards.
-    pub rows: u64,
-    /// Rows left out of a unique index because another row held the value.
-    pub unique_conflicts: u64,
-    /// Time the rebuild took (clearing included).
-    pub elapsed: Duration,
-}
-
-/// Rebuilds the view of projection `P` from its source events in `log`, from offset 0 of
-/// every partition: clears the view's rows, index entries and checkpoints, then applies
-/// the events up to the end offsets taken at the start, in batches of
-/// `options.max_batch_events`, each committed with its checkpoint like a live view.
-/// `progress(applied, total)` is called after each batch.
-///
-/// Nothing else may write the view meanwhile: run it while the service is stopped (the
-/// store's lock makes a second process fail to open it). A durable marker is written
-/// first and removed last, so an interrupted rebuild is noticed: the service refuses to
-/// serve that view until a rebuild completes.
-pub async fn rebuild<P: Projection>(
-    log: Arc<dyn Log>,
-    app_id: &str,
-    options: &ViewOptions,
-    progress: &mut (dyn FnMut(u64, u64) + Send),
-) -> Result<RebuildStats> {
-    let started = std::time::Instant::now();
-    let source = Topics::new(app_id, <P::Source as Aggregate>::TYPE);
-    let store = log.store().clone();
-    let storage = storage_name(P::VIEW, P::VERSION);
-    let marker = rebuild_marker_key(&storage);
-    let mut b = Batch::new();
-    b.put_meta(&marker, 1);
-    store.commit(b, true)?;
-    let cleared = store.clear_view(&storage, 10_000)?;
-    let (svc, projection, _) = service::<P>(&log, source.clone(), None, options);
-    let mut ends = Vec::new();
-    for p in 0..log.partitions() {
-        ends.push(log.end_offset(&source.events, p).await?);
-    }
-    let total: u64 = ends.iter().sum();
-    let mut applied = 0;
-    progress(0, total);
-    for (p, end) in ends.into_iter().enumerate() {
-        let mut worker = Worker {
-            projection: projection.clone(),
-            svc: svc.clone(),
-            log: log.clone(),
-            partition: p as u32,
-            partitions: log.partitions(),
-            next: 0,
-        };
-        while worker.next < end {
-            let max = options.max_batch_events.min((end - worker.next) as usize);
-            let failed = |reason: String| Error::ViewFailed {
-                view: P::VIEW.to_owned(),
-                partition: p as u32,
-                reason,
-            };
-            let n = worker
-                .step(&source.events, max)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            if n == 0 {
-                // Only offsets without records are left (Kafka's transaction markers).
-                break;
-            }
-            applied += n as u64;
-            progress(applied, total);
-        }
-    }
-    let mut b = Batch::new();
-    b.delete_meta(&marker);
-    store.commit(b, true)?;
-    Ok(RebuildStats {
-        cleared,
-        events: applied,
-        rows: store.count_view_rows(&storage)?,
-        unique_conflicts: svc.unique_conflicts.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
-        elapsed: started.elapsed(),
-    })
-}
-
 /// Why a worker step failed.
 enum Step {
     /// Reading the source failed: worth retrying.
@@ -860,11 +785,68 @@ struct Worker<P: Projection> {
     next: u64,
 }
 
-/// Rows as the projection reads them: this batch's pending changes over the store.
-struct Rows<'a> {
-    pending: &'a HashMap<String, Option<Value>>,
+/// The event type of a projection's source aggregate.
+type SourceEvent<P> = <<P as Projection>::Source as Aggregate>::Event;
+
+/// A source record with its payload decoded (a rebuild decodes on its reader's thread).
+struct Decoded<E> {
+    offset: u64,
+    record: Record,
+    payload: E,
+}
+
+/// Decodes the payloads of `records` of `topic`/`partition`; the first that does not
+/// decode fails them all (the view partition stops there).
+fn decode<P: Projection>(
+    topic: &str,
+    partition: u32,
+    records: Vec<(u64, Record)>,
+) -> Result<Vec<Decoded<SourceEvent<P>>>, String> {
+    records
+        .into_iter()
+        .map(|(offset, record)| match serde_json::from_slice(&record.value) {
+            Ok(payload) => Ok(Decoded {
+                offset,
+                record,
+                payload,
+            }),
+            Err(e) => Err(format!("event {topic}/{partition}@{offset} does not decode: {e}")),
+        })
+        .collect()
+}
+
+/// What a batch finds committed before it: rows and unique-index owners.
+trait Committed {
+    /// Row `key` of the view.
+    fn row(&self, key: &str) -> Result<Option<Value>>;
+    /// The row holding `value` in unique index `index` (by position).
+    fn owner(&self, index: usize, value: &[u8]) -> Result<Option<String>>;
+}
+
+/// The live workers' committed state: the store.
+struct Stored<'a> {
     store: &'a Store,
     view: &'a str,
+    indexes: &'a [Index],
+}
+
+impl Committed for Stored<'_> {
+    fn row(&self, key: &str) -> Result<Option<Value>> {
+        load_row(self.store, self.view, key)
+    }
+
+    fn owner(&self, index: usize, value: &[u8]) -> Result<Option<String>> {
+        Ok(self.store.get_view_unique(self.view, self.indexes[index].name, value)?)
+    }
+}
+
+/// Rows as the projection reads them: this batch's pending changes over what is
+/// committed. Rows read from `base` are kept in `loaded`, so the change that follows a
+/// read (an `update`) does not read and parse the row a second time.
+struct Rows<'a> {
+    pending: &'a HashMap<String, Option<Value>>,
+    loaded: &'a RefCell<HashMap<String, Option<Value>>>,
+    base: &'a dyn Committed,
     error: RefCell<Option<String>>,
 }
 
@@ -873,8 +855,14 @@ impl RowReader for Rows<'_> {
         if let Some(v) = self.pending.get(key) {
             return v.clone();
         }
-        match load_row(self.store, self.view, key) {
-            Ok(v) => v,
+        if let Some(v) = self.loaded.borrow().get(key) {
+            return v.clone();
+        }
+        match self.base.row(key) {
+            Ok(v) => {
+                self.loaded.borrow_mut().insert(key.to_owned(), v.clone());
+                v
+            }
             Err(e) => {
                 self.error.borrow_mut().get_or_insert(e.to_string());
                 None
@@ -885,22 +873,38 @@ impl RowReader for Rows<'_> {
 
 fn load_row(store: &Store, view: &str, key: &str) -> Result<Option<Value>> {
     match store.get_view_row(view, key)? {
-        Some(json) => serde_json::from_slice(&json)
-            .map(Some)
-            .map_err(|e| corrupt("view_row", format!("{view}/{key}"), e.to_string())),
+        Some(json) => parse_row(view, key, &json).map(Some),
         None => Ok(None),
     }
 }
+
+fn parse_row(view: &str, key: &str, json: &[u8]) -> Result<Value> {
+    serde_json::from_slice(json).map_err(|e| corrupt("view_row", format!("{view}/{key}"), e.to_string()))
+}
+
+/// A value of a unique index: (index position, encoded value).
+type UniqueValue = (usize, Vec<u8>);
 
 /// Changes of one batch, each key once (a store batch must not touch a key twice).
 #[derive(Default)]
 struct Pending {
     rows: HashMap<String, Option<Value>>,
+    /// Committed rows read during this batch and not changed yet (see [`Rows`]).
+    loaded: RefCell<HashMap<String, Option<Value>>>,
     /// (index position, encoded value, row key or "" in a unique index) -> the row key
     /// to put, or `None` to delete.
     entries: BTreeMap<(usize, Vec<u8>, String), Option<String>>,
-    /// (index position, encoded value) -> the row holding it in a unique index.
-    owners: HashMap<(usize, Vec<u8>), Option<String>>,
+    /// A unique index value -> the row holding it.
+    owners: HashMap<UniqueValue, Option<String>>,
+}
+
+/// One applied batch: the store batch, and what it sets (for a rebuild's memory).
+struct Applied {
+    batch: Batch,
+    /// Each changed row with its new JSON (`None`: deleted).
+    rows: Vec<(String, Option<Vec<u8>>)>,
+    /// Each changed unique-index owner.
+    owners: Vec<(UniqueValue, Option<String>)>,
 }
 
 impl<P: Projection> Worker<P> {
@@ -1015,7 +1019,13 @@ impl<P: Projection> Worker<P> {
         let Some(next) = records.last().map(|(o, _)| o + 1) else {
             return Ok(0);
         };
-        let batch = self.apply(topic, &records, next).map_err(Step::Fatal)?;
+        let events = decode::<P>(topic, self.partition, records).map_err(Step::Fatal)?;
+        let base = Stored {
+            store: self.log.store(),
+            view: &self.svc.storage,
+            indexes: &self.svc.indexes,
+        };
+        let batch = self.apply(topic, &events, next, &base).map_err(Step::Fatal)?.batch;
         // The write may wait for the store's journal (held during the command path's
         // fsync): never on a runtime worker.
         let store = self.log.store().clone();
@@ -1026,7 +1036,7 @@ impl<P: Projection> Worker<P> {
         }
         self.next = next;
         self.svc.partitions[self.partition as usize].applied.send_replace(next);
-        Ok(records.len())
+        Ok(events.len())
     }
 
     /// Waits for a commit notification that concerns this worker's partition (a lag
@@ -1050,15 +1060,24 @@ impl<P: Projection> Worker<P> {
             .expect("not poisoned") = Some(reason);
     }
 
-    /// Applies `records` and returns the store batch: rows, index entries, checkpoint.
-    fn apply(&self, topic: &str, records: &[(u64, Record)], next: u64) -> Result<Batch, String> {
-        let store = self.log.store();
+    /// Applies `events` over `base` (what is committed) and returns the store batch
+    /// (rows, index entries, checkpoint `next`) with the rows and owners it sets.
+    fn apply(
+        &self,
+        topic: &str,
+        events: &[Decoded<SourceEvent<P>>],
+        next: u64,
+        base: &dyn Committed,
+    ) -> Result<Applied, String> {
         let view = self.svc.storage.as_str();
         let mut pending = Pending::default();
-        for (offset, record) in records {
+        for Decoded {
+            offset,
+            record,
+            payload,
+        } in events
+        {
             let at = || format!("{topic}/{}@{offset}", self.partition);
-            let payload: <P::Source as Aggregate>::Event =
-                serde_json::from_slice(&record.value).map_err(|e| format!("event {} does not decode: {e}", at()))?;
             let aggregate_id = record
                 .header_str(headers::AGGREGATE_ID)
                 .or_else(|| std::str::from_utf8(&record.key).ok())
@@ -1073,12 +1092,12 @@ impl<P: Projection> Worker<P> {
                 version,
                 event_type: record.header_str(headers::TYPE).unwrap_or("unknown"),
                 timestamp_ms: record.timestamp_ms,
-                payload: &payload,
+                payload,
             };
             let rows = Rows {
                 pending: &pending.rows,
-                store,
-                view,
+                loaded: &pending.loaded,
+                base,
                 error: RefCell::new(None),
             };
             let mut changes = ViewChanges::new(&rows);
@@ -1099,15 +1118,18 @@ impl<P: Projection> Worker<P> {
                         self.svc.partition_of(&key)
                     ));
                 }
-                self.change(&mut pending, &key, doc).map_err(|e| e.to_string())?;
+                self.change(&mut pending, base, key, doc).map_err(|e| e.to_string())?;
             }
         }
         let mut batch = Batch::with_capacity(pending.rows.len() * 3 + 1);
-        for (key, doc) in &pending.rows {
-            match doc {
-                Some(doc) => batch.put_view_row(view, key, &serde_json::to_vec(doc).expect("JSON values serialize")),
-                None => batch.delete_view_row(view, key),
+        let mut rows = Vec::with_capacity(pending.rows.len());
+        for (key, doc) in pending.rows {
+            let json = doc.map(|doc| serde_json::to_vec(&doc).expect("JSON values serialize"));
+            match &json {
+                Some(json) => batch.put_view_row(view, &key, json),
+                None => batch.delete_view_row(view, &key),
             }
+            rows.push((key, json));
         }
         for ((i, value, entry), row) in &pending.entries {
             let idx = &self.svc.indexes[*i];
@@ -1117,16 +1139,24 @@ impl<P: Projection> Worker<P> {
             }
         }
         batch.put_meta(&view_checkpoint_key(view, topic, self.partition), next);
-        Ok(batch)
+        Ok(Applied {
+            batch,
+            rows,
+            owners: pending.owners.into_iter().collect(),
+        })
     }
 
     /// Records one row change and the index entries it moves.
-    fn change(&self, pending: &mut Pending, key: &str, doc: Option<Value>) -> Result<()> {
-        let store = self.log.store();
-        let old = match pending.rows.get(key) {
-            Some(v) => v.clone(),
-            None => load_row(store, &self.svc.storage, key)?,
+    fn change(&self, pending: &mut Pending, base: &dyn Committed, key: String, doc: Option<Value>) -> Result<()> {
+        // Taken out (put back below with the new document): no copy of the old row.
+        let old = match pending.rows.remove(&key) {
+            Some(v) => v,
+            None => match pending.loaded.get_mut().remove(&key) {
+                Some(v) => v,
+                None => base.row(&key)?,
+            },
         };
+        let key_str = key.as_str();
         for (i, idx) in self.svc.indexes.iter().enumerate() {
             // A value of the wrong type is not indexed (the same rule for old and new rows,
             // so what was indexed is exactly what is removed).
@@ -1135,7 +1165,7 @@ impl<P: Projection> Worker<P> {
                     Some(Ok(v)) => v.map(|v| encode_value(&v)),
                     Some(Err(e)) => {
                         if warn {
-                            tracing::warn!(view = P::VIEW, key, error = %e, "row value not indexed");
+                            tracing::warn!(view = P::VIEW, key = key_str, error = %e, "row value not indexed");
                         }
                         None
                     }
@@ -1146,10 +1176,10 @@ impl<P: Projection> Worker<P> {
             if was == now {
                 continue;
             }
-            let entry = |v: &[u8]| (i, v.to_vec(), if idx.unique { String::new() } else { key.to_owned() });
+            let entry = |v: &[u8]| (i, v.to_vec(), if idx.unique { String::new() } else { key.clone() });
             if let Some(v) = was {
                 if idx.unique {
-                    if owner(store, pending, &self.svc.storage, idx, i, &v)?.as_deref() == Some(key) {
+                    if owner(pending, base, i, &v)?.as_deref() == Some(key_str) {
                         pending.entries.insert(entry(&v), None);
                         pending.owners.insert((i, v), None);
                     }
@@ -1159,13 +1189,13 @@ impl<P: Projection> Worker<P> {
             }
             if let Some(v) = now {
                 if idx.unique {
-                    match owner(store, pending, &self.svc.storage, idx, i, &v)? {
+                    match owner(pending, base, i, &v)? {
                         Some(other) if other != key => {
                             self.svc.unique_conflicts[i].fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(
                                 view = P::VIEW,
                                 index = idx.name,
-                                key,
+                                key = key_str,
                                 holder = %other,
                                 "unique index value already held by another row; entry not overwritten"
                             );
@@ -1173,20 +1203,20 @@ impl<P: Projection> Worker<P> {
                         }
                         _ => {}
                     }
-                    pending.owners.insert((i, v.clone()), Some(key.to_owned()));
+                    pending.owners.insert((i, v.clone()), Some(key.clone()));
                 }
-                pending.entries.insert(entry(&v), Some(key.to_owned()));
+                pending.entries.insert(entry(&v), Some(key.clone()));
             }
         }
-        pending.rows.insert(key.to_owned(), doc);
+        pending.rows.insert(key, doc);
         Ok(())
     }
 }
 
-/// The row holding `value` in unique index `idx`, counting this batch's changes.
-fn owner(store: &Store, pending: &Pending, view: &str, idx: &Index, i: usize, value: &[u8]) -> Result<Option<String>> {
+/// The row holding `value` in unique index `i`, counting this batch's changes.
+fn owner(pending: &Pending, base: &dyn Committed, i: usize, value: &[u8]) -> Result<Option<String>> {
     match pending.owners.get(&(i, value.to_vec())) {
         Some(o) => Ok(o.clone()),
-        None => Ok(store.get_view_unique(view, idx.name, value)?),
+        None => base.owner(i, value),
     }
 }

@@ -103,6 +103,9 @@ fn entry_key(view: &str, index: &str, value: &[u8], key: &str, unique: bool) -> 
     k
 }
 
+/// A stored entry as [`Store::dump_view`] lists it: table name, raw key, raw value.
+pub type RawEntry = (&'static str, Vec<u8>, Vec<u8>);
+
 /// The name of the meta entry holding a view's next source offset.
 pub fn view_checkpoint_key(view: &str, topic: &str, partition: u32) -> String {
     format!("view/{view}/{topic}/{partition}")
@@ -221,6 +224,27 @@ impl Store {
         // marker covers (the clear is repeated).
         self.sync()?;
         Ok(deleted)
+    }
+
+    /// Every stored entry of `view` as `(table, key, value)`, raw (values framed):
+    /// checkpoints, then index entries, then rows, each in key order. For tests and
+    /// tools comparing two copies of a view byte for byte.
+    pub fn dump_view(&self, view: &str) -> Result<Vec<RawEntry>> {
+        check_name("view", view)?;
+        let snapshot = self.snapshot();
+        let mut out = Vec::new();
+        for (table, prefix) in [
+            (Table::Meta, format!("view/{view}/").into_bytes()),
+            (Table::ViewIndex, key2(view.as_bytes(), b"")),
+            (Table::ViewRow, key2(view.as_bytes(), b"")),
+        ] {
+            let end = prefix_end(&prefix);
+            for kv in snapshot.range(self.table(table), prefix..end) {
+                let (k, v) = kv.into_inner()?;
+                out.push((table.name(), k.to_vec(), v.to_vec()));
+            }
+        }
+        Ok(out)
     }
 
     /// How many rows `view` holds (a full scan of its rows' keys).

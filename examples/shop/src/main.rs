@@ -40,8 +40,13 @@ enum ViewsCommand {
     /// apply every event again, with a progress bar; prints events/s at the end.
     ///
     /// Run it with the service stopped (the store allows one process) and with the same
-    /// --data-dir, --app-id and --partitions as the service. Embedded log only.
-    #[command(after_help = "Example:\n  shop views rebuild orders --data-dir /var/lib/shop")]
+    /// --data-dir, --app-id and --partitions as the service. In Kafka mode (--kafka, and
+    /// the instance's --instance-id or --data-dir) it reads the events topic
+    /// (read_committed) into that instance's local store; it produces nothing and does
+    /// not join the consumer group.
+    #[command(
+        after_help = "Examples:\n  shop views rebuild orders --data-dir /var/lib/shop\n  shop views rebuild orders --kafka 127.0.0.1:9092 --data-dir /var/lib/shop-kafka-1"
+    )]
     Rebuild {
         /// The view: orders or customers.
         view: String,

@@ -112,18 +112,14 @@ const REGISTRY_HEARTBEAT: Duration = Duration::from_secs(2);
 /// The names of the shop's views, for messages.
 pub const VIEWS: [&str; 2] = [OrdersView::VIEW, CustomersView::VIEW];
 
-/// Rebuilds view `name` from the embedded log in the data directory, with a progress bar
-/// on stderr (see `eventfold::rebuild`). The service must not be running on that
-/// directory.
+/// Rebuilds view `name` in the data directory from its source events, with a progress
+/// bar on stderr (see `eventfold::rebuild`): from the embedded log there, or in Kafka
+/// mode from the events topic (`read_committed`, without producing anything or joining
+/// the consumer group) into the instance's local store. The service must not be running
+/// on that directory.
 pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<RebuildStats> {
     if !VIEWS.contains(&name) {
         bail!("unknown view `{name}`; views: {}", VIEWS.join(", "));
-    }
-    if opts.kafka.is_some() {
-        bail!(
-            "views rebuild works on the embedded log; in Kafka mode stop the instance and delete its cache directory ({}) instead: it restores from the topics and rebuilds its views on start",
-            opts.data_dir().display()
-        );
     }
     let dir = opts.data_dir();
     if !dir.exists() {
@@ -131,24 +127,47 @@ pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<Reb
     }
     let store = Store::open(&dir, &StoreOptions::default()).with_context(|| {
         format!(
-            "cannot open the store in {} (is the service still running on it?)",
+            "cannot open the store in {} (is the service still running on it? stop it first: the store admits one process)",
             dir.display()
         )
     })?;
-    let log: Arc<dyn Log> = Arc::new(EmbeddedLog::open(
-        store,
-        embedded::Options {
-            partitions: opts.partitions,
-            fsync: !opts.no_fsync,
-            ..Default::default()
-        },
-    )?);
+    let log: Arc<dyn Log> = match &opts.kafka {
+        None => Arc::new(EmbeddedLog::open(
+            store,
+            embedded::Options {
+                partitions: opts.partitions,
+                fsync: !opts.no_fsync,
+                ..Default::default()
+            },
+        )?),
+        Some(bootstrap) => {
+            let kafka = kafka_options(opts, bootstrap);
+            let log = tokio::task::block_in_place(|| KafkaLog::open_reader(kafka, store))
+                .with_context(|| format!("cannot read the Kafka log at {bootstrap}"))?;
+            Arc::new(log)
+        }
+    };
     let options = ViewOptions::default();
     let draw = ProgressDrawTarget::stderr();
     match name {
         OrdersView::VIEW => eventfold::rebuild::run::<OrdersView>(log, &opts.app_id, &options, draw).await,
         CustomersView::VIEW => eventfold::rebuild::run::<CustomersView>(log, &opts.app_id, &options, draw).await,
         other => unreachable!("checked above: {other}"),
+    }
+}
+
+/// The Kafka log's options from the flags.
+fn kafka_options(opts: &ServeOptions, bootstrap: &str) -> KafkaOptions {
+    KafkaOptions {
+        committers: opts.kafka_committers,
+        operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
+        session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
+        transaction_timeout: Duration::from_secs(opts.kafka_transaction_timeout_secs.max(1)),
+        ..KafkaOptions::new(
+            bootstrap,
+            opts.partitions,
+            format!("{}-{}", opts.app_id, opts.instance_id),
+        )
     }
 }
 
@@ -183,17 +202,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         Some(bootstrap) => {
             // One instance per transactional id: a restarted instance fences its previous
             // incarnation. Opening connects and initializes transactions (blocking).
-            let kafka = KafkaOptions {
-                committers: opts.kafka_committers,
-                operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
-                session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
-                transaction_timeout: Duration::from_secs(opts.kafka_transaction_timeout_secs.max(1)),
-                ..KafkaOptions::new(
-                    bootstrap,
-                    opts.partitions,
-                    format!("{}-{}", opts.app_id, opts.instance_id),
-                )
-            };
+            let kafka = kafka_options(opts, bootstrap);
             let log = tokio::task::block_in_place(|| KafkaLog::open(kafka, store))
                 .with_context(|| format!("cannot start the Kafka log at {bootstrap}"))?;
             Arc::new(log)

@@ -313,6 +313,8 @@ pub struct KafkaLog {
     tx: Vec<mpsc::Sender<committer::Job>>,
     committers: Vec<std::thread::JoinHandle<()>>,
     stats: Arc<Stats>,
+    /// Opened with [`KafkaLog::open_reader`].
+    read_only: bool,
 }
 
 impl KafkaLog {
@@ -324,7 +326,7 @@ impl KafkaLog {
         claim_store(&store, options.partitions)?;
         let clients = Clients::new(&options)?;
         clients.check_reachable(options.operation_timeout)?;
-        let provisioner = Provisioner::new(&options)?;
+        let provisioner = Provisioner::new(&options, true)?;
         let shared = Arc::new(Shared {
             options,
             provisioner,
@@ -385,7 +387,42 @@ impl KafkaLog {
             tx: txs,
             committers: handles,
             stats,
+            read_only: false,
         })
+    }
+
+    /// Opens the log for reading only (e.g. an offline view rebuild from the topics):
+    /// `read_committed` reads, end offsets and the local `store`, but no producer, no
+    /// transaction, no group membership and no topic creation, so a running instance
+    /// with the same transactional id is not fenced. [`Log::commit`], [`Log::send`],
+    /// [`Log::join`] and [`Log::resume`] refuse. Blocks while it checks the broker.
+    pub fn open_reader(options: KafkaOptions, store: Store) -> Result<Self> {
+        options.validate()?;
+        claim_store(&store, options.partitions)?;
+        let clients = Clients::new(&options)?;
+        clients.check_reachable(options.operation_timeout)?;
+        let provisioner = Provisioner::new(&options, false)?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                options,
+                provisioner,
+                clients,
+                committed_ends: Mutex::new(HashMap::new()),
+                poisoned: Mutex::new(None),
+            }),
+            store,
+            tx: Vec::new(),
+            committers: Vec::new(),
+            stats: Arc::new(Stats::default()),
+            read_only: true,
+        })
+    }
+
+    fn refuse_writes(&self, what: &str) -> Result<()> {
+        match self.read_only {
+            true => Err(Error::Closed(format!("the Kafka log was opened read-only: no {what}"))),
+            false => Ok(()),
+        }
     }
 
     async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Shared) -> Result<T> + Send + 'static) -> Result<T> {
@@ -430,6 +467,9 @@ impl Log for KafkaLog {
     }
 
     fn commit(&self, unit: CommitUnit) -> CommitFuture {
+        if let Err(e) = self.refuse_writes("commits") {
+            return Box::pin(async move { Err(e) });
+        }
         let (reply, rx) = oneshot::channel();
         // Enqueued here, synchronously: the lane's committer takes units in this order.
         let lane = unit
@@ -485,6 +525,7 @@ impl Log for KafkaLog {
     }
 
     async fn resume(&self, lane: u32) -> Result<()> {
+        self.refuse_writes("producers")?;
         let (reply, rx) = oneshot::channel();
         let tx = self
             .tx
@@ -506,6 +547,7 @@ impl Log for KafkaLog {
     }
 
     fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
+        self.refuse_writes("consumer group membership")?;
         for t in topics {
             self.shared.provisioner.ensure(t)?;
         }
@@ -520,6 +562,7 @@ impl Log for KafkaLog {
     }
 
     async fn send(&self, append: crate::Append) -> Result<u64> {
+        self.refuse_writes("sends")?;
         self.shared.check_partition(&append.topic, append.partition)?;
         let topic = append.topic.clone();
         self.blocking(move |s| s.provisioner.ensure(&topic)).await?;

@@ -48,6 +48,8 @@ fn check_topic_name(topic: &str) -> Result<()> {
 /// Creates and checks topics; remembers the ones it has verified.
 pub(super) struct Provisioner {
     admin: AdminClient<DefaultClientContext>,
+    /// Missing topics are created (false: a read-only log only checks).
+    create: bool,
     partitions: u32,
     defaults: TopicDefaults,
     timeout: Duration,
@@ -55,12 +57,13 @@ pub(super) struct Provisioner {
 }
 
 impl Provisioner {
-    pub(super) fn new(options: &KafkaOptions) -> Result<Self> {
+    pub(super) fn new(options: &KafkaOptions, create: bool) -> Result<Self> {
         let admin = super::clients::base_config(options)
             .create()
             .map_err(|e| kafka_error("cannot create the Kafka admin client", e))?;
         Ok(Self {
             admin,
+            create,
             partitions: options.partitions,
             defaults: options.topics.clone(),
             timeout: options.operation_timeout,
@@ -68,8 +71,9 @@ impl Provisioner {
         })
     }
 
-    /// Makes sure `topic` exists with the app's partition count: creates it if missing,
-    /// refuses it if it has another count. Blocking.
+    /// Makes sure `topic` exists with the app's partition count: creates it if missing
+    /// (or, when this provisioner does not create, refuses it), refuses it if it has
+    /// another count. Blocking.
     pub(super) fn ensure(&self, topic: &str) -> Result<()> {
         if self.verified.lock().expect("verified lock").contains(topic) {
             return Ok(());
@@ -77,6 +81,11 @@ impl Provisioner {
         check_topic_name(topic)?;
         let deadline = Instant::now() + self.timeout;
         if self.describe(topic)?.is_none() {
+            if !self.create {
+                return Err(Error::Config(format!(
+                    "topic `{topic}` does not exist (check the bootstrap servers, --app-id and the data directory)"
+                )));
+            }
             self.create(topic)?;
         }
         // A new topic shows up in metadata, then gets leaders; wait for both (bounded) so
