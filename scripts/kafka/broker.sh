@@ -48,6 +48,8 @@ Environment:
   EVENTFOLD_KAFKA_EXTRA_CONFIG  Path of a properties file appended to server.properties
                                 (later keys win), e.g. to tweak transaction timeouts.
   EVENTFOLD_KAFKA_LOG_TAIL      Lines of broker log shown on failure / by 'logs' (default: 80).
+  EVENTFOLD_KAFKA_FEATURES      Space-separated feature levels set when storage is formatted,
+                                e.g. "transaction.version=1" (default: the release's).
   JAVA                          Java executable, 17+ (default: java).
   MVN                           Maven executable (default: mvn).
 EOF
@@ -312,10 +314,14 @@ format_storage() {
   [[ "$KEEP_DATA" == 1 ]] && log "KEEP_DATA=1 but $DATA_DIR is not formatted yet"
   rm -rf "$DATA_DIR"
   mkdir -p "$DATA_DIR"
-  log "formatting storage in $DATA_DIR (cluster id $CLUSTER_ID)"
+  local FEATURE_ARGS=()
+  for f in ${EVENTFOLD_KAFKA_FEATURES:-}; do
+    FEATURE_ARGS+=(--feature "$f")
+  done
+  log "formatting storage in $DATA_DIR (cluster id $CLUSTER_ID)${EVENTFOLD_KAFKA_FEATURES:+, features: $EVENTFOLD_KAFKA_FEATURES}"
   local fmt_log="$STATE_DIR/format.log"
   if ! "$JAVA" -Xms64m -Xmx256m -Dlog4j2.configurationFile="$LOG4J_CONF" -cp "$LIBS_DIR/*" \
-    kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$SERVER_PROPS" >"$fmt_log" 2>&1; then
+    kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$SERVER_PROPS" "${FEATURE_ARGS[@]}" >"$fmt_log" 2>&1; then
     show_log_tail "$fmt_log"
     die "kafka.tools.StorageTool format failed (output: $fmt_log)"
   fi

@@ -362,6 +362,12 @@ pub trait MemberControl: Send + Sync + 'static {
     fn rebalances(&self) -> u64;
     /// The partitions assigned to this member now.
     fn assignment(&self) -> Vec<(Arc<str>, u32)>;
+    /// Stops fetching records of an assigned partition until [`MemberControl::resume`]
+    /// (backpressure while its consumer is behind; the member goes on taking part in
+    /// rebalances and seeks). A partition assigned again starts fetching. Default: nothing.
+    fn pause(&self, _topic: &str, _partition: u32) {}
+    /// Fetches records of a paused partition again. Default: nothing.
+    fn resume(&self, _topic: &str, _partition: u32) {}
 }
 
 /// A member of a consumer group (see [`Log::join`]); leaves the group when dropped.

@@ -758,3 +758,51 @@ async fn settle_waits_for_open_transactions() {
     assert_eq!(values, vec![b"first".to_vec(), b"open".to_vec()], "end {end}");
     drop(other);
 }
+
+/// A paused partition delivers nothing while the other partitions go on; resumed, its
+/// records arrive. (The runtime pauses a partition whose processor is behind instead of
+/// holding up the group's events.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_partition_waits_while_the_others_flow() {
+    let bootstrap = require_broker();
+    let prefix = format!("pause-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let input: Arc<str> = Arc::from(format!("{prefix}.commands"));
+    let log = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    log.commit(one(&input, 0, b"before".to_vec())).await.unwrap();
+    let mut m = log
+        .join(&format!("{prefix}-group"), std::slice::from_ref(&input))
+        .unwrap();
+    assert_eq!(next_assignment(&mut m).await.len(), 2);
+    // Whatever was fetched before the pause is delivered; wait for it.
+    loop {
+        if let eventfold_log::GroupEvent::Records { partition: 0, .. } = next_event(&mut m).await {
+            break;
+        }
+    }
+    m.control().pause(&input, 0);
+    log.commit(one(&input, 0, b"while paused".to_vec())).await.unwrap();
+    log.commit(one(&input, 1, b"other partition".to_vec())).await.unwrap();
+    let mut got_other = false;
+    let quiet_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < quiet_until {
+        let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(200), m.next()).await else {
+            continue;
+        };
+        if let eventfold_log::GroupEvent::Records { partition, records, .. } = event {
+            assert_eq!(partition, 1, "a paused partition delivered {records:?}");
+            got_other = true;
+        }
+    }
+    assert!(got_other, "the other partition kept flowing");
+    m.control().resume(&input, 0);
+    loop {
+        if let eventfold_log::GroupEvent::Records {
+            partition: 0, records, ..
+        } = next_event(&mut m).await
+        {
+            assert_eq!(records[0].1.value, b"while paused");
+            break;
+        }
+    }
+}

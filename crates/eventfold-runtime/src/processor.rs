@@ -68,6 +68,32 @@ async fn pause(d: Duration, control: &mut Option<mpsc::UnboundedReceiver<Control
     }
 }
 
+/// Runs `work` unless a control arrives first: then `work` is dropped (restores and
+/// recoveries are idempotent: they start over from the store's checkpoints) and the
+/// control is returned, so that a revocation never waits for a restore that retries while
+/// the broker is away, or for a long one.
+async fn unless_control<T>(
+    work: impl std::future::Future<Output = T>,
+    control: &mut Option<mpsc::UnboundedReceiver<Control>>,
+) -> Result<T, Control> {
+    tokio::pin!(work);
+    let closed = match control.as_mut() {
+        None => true,
+        Some(ctl) => tokio::select! {
+            biased;
+            c = ctl.recv() => match c {
+                Some(c) => return Err(c),
+                None => true,
+            },
+            r = &mut work => return Ok(r),
+        },
+    };
+    if closed {
+        *control = None;
+    }
+    Ok(work.await)
+}
+
 /// Ownership changes a processor gets from the consumer group (Kafka mode).
 pub(crate) enum Control {
     /// The partition is this instance's now: restore, then take commands-topic records
@@ -376,16 +402,25 @@ impl<A: Aggregate> Processor<A> {
     /// the partition from the committed state (retrying while the broker is away) and has
     /// the commands-topic source read again what was not committed.
     ///
-    /// A control that arrives meanwhile (the group revoked the partition) ends the attempt
-    /// and is returned.
+    /// A control that arrives meanwhile (the group revoked the partition), during an
+    /// attempt or between attempts, ends it and is returned.
     async fn recover(&mut self, control: &mut Option<mpsc::UnboundedReceiver<Control>>) -> Option<Control> {
         let p = self.cfg.partition;
         let mut attempt = 0u32;
         loop {
             self.cache.clear();
-            let result = match self.log.resume(p).await {
-                Ok(()) => self.restore().await,
-                Err(e) => Err(e.into()),
+            let attempt_run = async {
+                match self.log.resume(p).await {
+                    Ok(()) => self.restore().await,
+                    Err(e) => Err(e.into()),
+                }
+            };
+            let result = match unless_control(attempt_run, control).await {
+                Ok(r) => r,
+                Err(c) => {
+                    self.recovering = None;
+                    return Some(c);
+                }
             };
             match result {
                 Ok(()) => break,
@@ -457,8 +492,8 @@ impl<A: Aggregate> Processor<A> {
     /// Takes the partition: waits for the group's stable committed offset (a previous
     /// owner's transaction still completing holds it), then restores up to the end of
     /// what is committed, so nothing that previous owner committed is missed. A control
-    /// that arrives while it retries (the group revoked the partition again) ends it and is
-    /// returned.
+    /// that arrives meanwhile (the group revoked the partition again), while it works or
+    /// while it waits to retry, ends it and is returned.
     async fn assign(&mut self, epoch: u64, control: &mut Option<mpsc::UnboundedReceiver<Control>>) -> Option<Control> {
         let p = self.cfg.partition;
         self.owned = true;
@@ -494,23 +529,29 @@ impl<A: Aggregate> Processor<A> {
                 }
                 continue;
             }
-            let stable = self
-                .log
-                .committed_offset(&self.cfg.group, &self.cfg.topics.commands, p)
-                .await;
-            let result = match stable {
-                Ok(committed) => {
-                    self.set_consumed(committed.unwrap_or(0));
-                    // The group's offsets are stable once the previous owner's transaction
-                    // is decided, but Kafka marks its partitions one by one: wait until the
-                    // events and state partitions are settled too, so that the restore
-                    // below reads that transaction's records.
-                    match self.settle().await {
-                        Ok(()) => self.restore().await,
-                        Err(e) => Err(e),
+            let take = async {
+                let stable = self
+                    .log
+                    .committed_offset(&self.cfg.group, &self.cfg.topics.commands, p)
+                    .await;
+                match stable {
+                    Ok(committed) => {
+                        self.set_consumed(committed.unwrap_or(0));
+                        // The group's offsets are stable once the previous owner's
+                        // transaction is decided, but Kafka marks its partitions one by
+                        // one: wait until the events and state partitions are settled too,
+                        // so that the restore below reads that transaction's records.
+                        match self.settle().await {
+                            Ok(()) => self.restore().await,
+                            Err(e) => Err(e),
+                        }
                     }
+                    Err(e) => Err(e.into()),
                 }
-                Err(e) => Err(e.into()),
+            };
+            let result = match unless_control(take, control).await {
+                Ok(r) => r,
+                Err(c) => return Some(c),
             };
             match result {
                 Ok(()) => return None,

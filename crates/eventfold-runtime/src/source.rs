@@ -9,17 +9,21 @@
 //! Ownership is the consumer group's: one member per instance reads every aggregate
 //! type's commands topic ([`Log::join`](eventfold_log::Log::join)); the dispatcher here
 //! turns its assignments and revocations into processor [`Control`]s and its records
-//! into jobs.
+//! into jobs. Records go through one lane per partition (a task of its own), so a
+//! processor that is not taking records (restoring, recovering) never holds up the
+//! group's events: it once did, and a recovery waiting for a seek (served by the consumer
+//! thread, itself waiting to hand over records) stalled the member until its session was
+//! lost. A lane's backlog pauses that partition's fetching instead.
 
 use crate::processor::{Control, Job, PartitionShared};
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::{Aggregate, Record, codec};
-use eventfold_log::{GroupEvent, Membership};
+use eventfold_log::{GroupEvent, MemberControl, Membership};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
@@ -98,12 +102,18 @@ pub(crate) async fn run_group(
     changed: Arc<dyn Fn() + Send + Sync>,
     revoke_timeout: Duration,
 ) {
+    let control = membership.control();
+    let mut lanes: HashMap<(Arc<str>, u32), Lane> = HashMap::new();
     while let Some(event) = membership.next().await {
         match event {
             GroupEvent::Assigned(list) => {
                 for (topic, p, epoch) in list {
                     if let Some(m) = members.get(&topic) {
                         m.assign(p, epoch);
+                    }
+                    // A partition assigned (again) fetches: the lane's pause is over.
+                    if let Some(lane) = lanes.get(&(topic, p)) {
+                        lane.paused.store(false, Ordering::Release);
                     }
                 }
                 joined.store(true, Ordering::Release);
@@ -114,8 +124,6 @@ pub(crate) async fn run_group(
                     .iter()
                     .filter_map(|(t, p)| members.get(t).map(|m| m.revoke(*p)))
                     .collect();
-                // Answered once every processor let go, while this loop goes on (the
-                // processors get later assignments in order through their own channels).
                 let deadline = tokio::time::Instant::now() + revoke_timeout;
                 tokio::spawn(async move {
                     for w in waits {
@@ -134,19 +142,74 @@ pub(crate) async fn run_group(
                 epoch,
                 records,
             } => {
-                if let Some(m) = members.get(&topic)
-                    && !m.deliver(partition, epoch, records).await
-                {
-                    return; // the runtime is shutting down
-                }
+                let Some(member) = members.get(&topic) else {
+                    continue;
+                };
+                let lane = lanes
+                    .entry((topic.clone(), partition))
+                    .or_insert_with(|| Lane::start(member.clone(), control.clone(), topic.clone(), partition));
+                lane.push(epoch, records, &*control, &topic, partition);
             }
             GroupEvent::Error(e) => tracing::warn!(error = %e, "consumer group"),
         }
     }
 }
 
-/// The job for one record; a record that is not a valid command becomes a job whose
-/// command is the decoding error (refused, recorded and consumed by the processor).
+/// Records of one partition waiting for its processor beyond this many: its fetching is
+/// paused until the backlog is down to [`LANE_RESUME`].
+const LANE_PAUSE: usize = 4096;
+/// See [`LANE_PAUSE`].
+const LANE_RESUME: usize = 1024;
+
+/// Hands one partition's records to its processor, in order, on a task of its own: a
+/// processor that does not take records for a while (restoring, recovering) never holds
+/// up the group's events, whose rebalances and the seeks its recovery asks for need the
+/// consumer to go on polling. Its backlog pauses the partition's fetching instead.
+struct Lane {
+    tx: mpsc::UnboundedSender<(u64, Vec<(u64, Record)>)>,
+    backlog: Arc<AtomicUsize>,
+    paused: Arc<AtomicBool>,
+}
+
+impl Lane {
+    fn start(member: Arc<dyn GroupMember>, control: Arc<dyn MemberControl>, topic: Arc<str>, p: u32) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u64, Vec<(u64, Record)>)>();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let paused = Arc::new(AtomicBool::new(false));
+        let (b, paused2) = (backlog.clone(), paused.clone());
+        tokio::spawn(async move {
+            while let Some((epoch, records)) = rx.recv().await {
+                let n = records.len();
+                if !member.deliver(p, epoch, records).await {
+                    return; // the runtime is shutting down
+                }
+                let left = b.fetch_sub(n, Ordering::AcqRel) - n;
+                if left <= LANE_RESUME && paused2.swap(false, Ordering::AcqRel) {
+                    control.resume(&topic, p);
+                }
+            }
+        });
+        Self { tx, backlog, paused }
+    }
+
+    fn push(&self, epoch: u64, records: Vec<(u64, Record)>, control: &dyn MemberControl, topic: &str, p: u32) {
+        let n = records.len();
+        let backlog = self.backlog.fetch_add(n, Ordering::AcqRel) + n;
+        if self.tx.send((epoch, records)).is_err() {
+            return;
+        }
+        if backlog > LANE_PAUSE && !self.paused.swap(true, Ordering::AcqRel) {
+            tracing::debug!(
+                topic,
+                partition = p,
+                backlog,
+                "partition's processor is behind; fetching paused"
+            );
+            control.pause(topic, p);
+        }
+    }
+}
+
 fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, epoch: u64, r: &Record) -> Job<A> {
     let command_id = r
         .header_str(headers::COMMAND_ID)

@@ -39,6 +39,8 @@ pub(super) struct MemberState {
     rebalances: AtomicU64,
     /// How long a revocation waits for the runtime.
     revoke_timeout: Duration,
+    /// Set by the error callback when the group fenced this member's instance id.
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl MemberState {
@@ -72,13 +74,15 @@ impl rdkafka::client::ClientContext for MemberContext {
         tracing::error!(group = %self.0.group, %error, reason, "librdkafka consumer group error");
         // A fatal consumer error: typically another process joined with this instance's
         // group.instance.id (a second copy of this instance). Nothing may be written any more.
+        // librdkafka also reports it when its own session timed out (e.g. the broker was
+        // away longer than the session timeout) and it rejoined under a new member id: the
+        // consumer is dead either way, and the poll loop builds a new one (a second copy
+        // of this instance would fence it again, which stops the log; see `poll_loop`).
         if matches!(
             error.rdkafka_error_code(),
             Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::FencedInstanceId)
         ) {
-            (self.0.on_fatal)(format!(
-                "the consumer group fenced this instance ({error}: {reason}); restart it"
-            ));
+            self.0.fenced.store(true, Ordering::Release);
         }
     }
 }
@@ -154,7 +158,8 @@ struct Seek {
 pub(super) struct Control {
     state: Arc<MemberState>,
     seeks: Mutex<mpsc::Sender<Seek>>,
-    consumer: Arc<BaseConsumer<MemberContext>>,
+    /// The member's consumer (replaced when the group fenced it, see `poll_loop`).
+    consumer: Mutex<Arc<BaseConsumer<MemberContext>>>,
     timeout: Duration,
 }
 
@@ -187,12 +192,40 @@ impl MemberControl for Control {
         v.sort();
         v
     }
+
+    fn pause(&self, topic: &str, partition: u32) {
+        self.flow(topic, partition, true);
+    }
+
+    fn resume(&self, topic: &str, partition: u32) {
+        self.flow(topic, partition, false);
+    }
+}
+
+impl Control {
+    /// Pauses or resumes fetching one partition (librdkafka's pause is thread-safe). A
+    /// partition not assigned (any more) is left alone: an assignment starts unpaused.
+    fn flow(&self, topic: &str, partition: u32, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, partition as i32);
+        let consumer = self.consumer();
+        let done = if pause {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
+        if let Err(e) = done {
+            tracing::debug!(group = %self.state.group, topic, partition, pause, error = %e, "cannot pause or resume a partition");
+        } else {
+            tracing::debug!(group = %self.state.group, topic, partition, pause, "partition fetching paused or resumed");
+        }
+    }
 }
 
 impl Control {
     /// The consumer whose metadata transactions commit offsets of this group with.
-    pub(super) fn consumer(&self) -> &BaseConsumer<MemberContext> {
-        &self.consumer
+    pub(super) fn consumer(&self) -> Arc<BaseConsumer<MemberContext>> {
+        self.consumer.lock().expect("consumer lock").clone()
     }
 }
 
@@ -214,6 +247,7 @@ pub(super) fn join(
         next_epoch: AtomicU64::new(0),
         rebalances: AtomicU64::new(0),
         revoke_timeout: options.operation_timeout,
+        fenced: std::sync::atomic::AtomicBool::new(false),
     });
     let session_ms = options.session_timeout.as_millis().to_string();
     let heartbeat_ms = (options.session_timeout.as_millis() / 5).max(100).to_string();
@@ -233,26 +267,99 @@ pub(super) fn join(
     for (k, v) in &options.client_config {
         config.set(k, v);
     }
-    let consumer: BaseConsumer<MemberContext> = config
-        .create_with_context(MemberContext(state.clone()))
-        .map_err(|e| kafka_error(&what(), e))?;
-    let names: Vec<&str> = topics.iter().map(|t| &**t).collect();
-    consumer.subscribe(&names).map_err(|e| kafka_error(&what(), e))?;
-    let consumer = Arc::new(consumer);
+    let consumer = subscribed(&config, &state).map_err(|e| kafka_error(&what(), e))?;
     let (seek_tx, seek_rx) = mpsc::channel();
     let control = Arc::new(Control {
         state: state.clone(),
         seeks: Mutex::new(seek_tx),
-        consumer: consumer.clone(),
+        consumer: Mutex::new(consumer),
         timeout: options.operation_timeout,
     });
-    let thread_consumer = consumer.clone();
+    let thread_control = control.clone();
     let timeout = options.operation_timeout;
     std::thread::Builder::new()
         .name(format!("eventfold-group-{group}"))
-        .spawn(move || poll_loop(&thread_consumer, &state, &seek_rx, timeout))
+        .spawn(move || run_member(&config, &thread_control, &state, &seek_rx, timeout))
         .map_err(|e| Error::Closed(format!("{}: cannot start its thread: {e}", what())))?;
     Ok((crate::Membership::new(rx, control.clone()), control))
+}
+
+/// A consumer of the member's configuration, subscribed to its topics.
+fn subscribed(
+    config: &rdkafka::ClientConfig,
+    state: &Arc<MemberState>,
+) -> std::result::Result<Arc<BaseConsumer<MemberContext>>, KafkaError> {
+    let consumer: BaseConsumer<MemberContext> = config.create_with_context(MemberContext(state.clone()))?;
+    let names: Vec<&str> = state.topics.iter().map(|t| &**t).collect();
+    consumer.subscribe(&names)?;
+    Ok(Arc::new(consumer))
+}
+
+/// Fences of this member's instance id within [`FENCE_WINDOW`] after which it stops: a
+/// second process with the same instance id, not a session of its own that timed out.
+const FENCES_TOLERATED: usize = 3;
+/// See [`FENCES_TOLERATED`].
+const FENCE_WINDOW: Duration = Duration::from_secs(300);
+
+/// The consumer thread: polls (see [`poll_loop`]); when the group fenced the member's
+/// instance id, tells the runtime its partitions are lost and joins again with a new
+/// consumer (librdkafka's consumer is dead after that error). Fenced again and again
+/// ([`FENCES_TOLERATED`] times within [`FENCE_WINDOW`]), it stops the log: another process
+/// holds this instance id.
+fn run_member(
+    config: &rdkafka::ClientConfig,
+    control: &Control,
+    s: &Arc<MemberState>,
+    seeks: &mpsc::Receiver<Seek>,
+    timeout: Duration,
+) {
+    let mut fences: Vec<std::time::Instant> = Vec::new();
+    loop {
+        let consumer = control.consumer();
+        poll_loop(&consumer, s, seeks, timeout);
+        if !s.fenced.swap(false, Ordering::AcqRel) || s.events.is_closed() {
+            return leave(&consumer, s);
+        }
+        let now = std::time::Instant::now();
+        fences.retain(|t| now.duration_since(*t) < FENCE_WINDOW);
+        fences.push(now);
+        if fences.len() >= FENCES_TOLERATED {
+            (s.on_fatal)(format!(
+                "the consumer group fenced this instance's group.instance.id {} times within {FENCE_WINDOW:?}: another process runs with the same instance id; stop it, then restart this one",
+                fences.len()
+            ));
+            return;
+        }
+        tracing::warn!(group = %s.group, "the consumer group fenced this member (its session had timed out); joining again");
+        // Everything the dead consumer had is lost.
+        let lost: Vec<Tp> = {
+            let mut epochs = s.epochs.lock().expect("epochs lock");
+            epochs.drain().map(|(tp, _)| tp).collect()
+        };
+        if !lost.is_empty() {
+            let (tx, rx) = mpsc::sync_channel(1);
+            let event = GroupEvent::Revoked {
+                partitions: lost,
+                lost: true,
+                done: RevokeAck::new(tx),
+            };
+            if s.events.blocking_send(event).is_err() {
+                return;
+            }
+            let _ = rx.recv_timeout(s.revoke_timeout);
+        }
+        drop(consumer);
+        let fresh = loop {
+            match subscribed(config, s) {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::error!(group = %s.group, error = %e, "cannot create a consumer to join again; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        };
+        *control.consumer.lock().expect("consumer lock") = fresh;
+    }
 }
 
 /// Polls until the membership is dropped: records of one partition are grouped into
@@ -273,7 +380,7 @@ fn poll_loop(consumer: &BaseConsumer<MemberContext>, s: &MemberState, seeks: &mp
             .is_ok(),
         None => true,
     };
-    while !s.events.is_closed() {
+    while !s.events.is_closed() && !s.fenced.load(Ordering::Acquire) {
         while let Ok(seek) = seeks.try_recv() {
             if !flush(&mut batch) {
                 break;
@@ -334,8 +441,12 @@ fn poll_loop(consumer: &BaseConsumer<MemberContext>, s: &MemberState, seeks: &mp
             }
         }
     }
-    // Leaving: the revocation this triggers finds the events channel closed and does not
-    // wait for anyone.
+    flush(&mut batch);
+}
+
+/// Leaves the group: the revocation this triggers finds the events channel closed and does
+/// not wait for anyone.
+fn leave(consumer: &BaseConsumer<MemberContext>, s: &MemberState) {
     tracing::info!(group = %s.group, "leaving the consumer group");
     consumer.unsubscribe();
     // Serve the revocation callback the unsubscribe triggers, so the group rebalances now
