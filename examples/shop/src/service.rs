@@ -131,22 +131,7 @@ pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<Reb
             dir.display()
         )
     })?;
-    let log: Arc<dyn Log> = match &opts.kafka {
-        None => Arc::new(EmbeddedLog::open(
-            store,
-            embedded::Options {
-                partitions: opts.partitions,
-                fsync: !opts.no_fsync,
-                ..Default::default()
-            },
-        )?),
-        Some(bootstrap) => {
-            let kafka = kafka_options(opts, bootstrap);
-            let log = tokio::task::block_in_place(|| KafkaLog::open_reader(kafka, store))
-                .with_context(|| format!("cannot read the Kafka log at {bootstrap}"))?;
-            Arc::new(log)
-        }
-    };
+    let log = open_log(opts, store, true)?;
     let options = ViewOptions::default();
     let draw = ProgressDrawTarget::stderr();
     match name {
@@ -157,6 +142,35 @@ pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<Reb
 }
 
 /// The Kafka log's options from the flags.
+/// The log over `store`: the embedded log, or in Kafka mode the Kafka log, read-only for
+/// `reader` (a rebuild: no producer, no group; see `KafkaLog::open_reader`).
+fn open_log(opts: &ServeOptions, store: Store, reader: bool) -> anyhow::Result<Arc<dyn Log>> {
+    Ok(match &opts.kafka {
+        None => Arc::new(EmbeddedLog::open(
+            store,
+            embedded::Options {
+                partitions: opts.partitions,
+                fsync: !opts.no_fsync,
+                ..Default::default()
+            },
+        )?),
+        Some(bootstrap) if reader => {
+            let kafka = kafka_options(opts, bootstrap);
+            let log = tokio::task::block_in_place(|| KafkaLog::open_reader(kafka, store))
+                .with_context(|| format!("cannot read the Kafka log at {bootstrap}"))?;
+            Arc::new(log)
+        }
+        Some(bootstrap) => {
+            // One instance per transactional id: a restarted instance fences its previous
+            // incarnation. Opening connects and initializes transactions (blocking).
+            let kafka = kafka_options(opts, bootstrap);
+            let log = tokio::task::block_in_place(|| KafkaLog::open(kafka, store))
+                .with_context(|| format!("cannot start the Kafka log at {bootstrap}"))?;
+            Arc::new(log)
+        }
+    })
+}
+
 fn kafka_options(opts: &ServeOptions, bootstrap: &str) -> KafkaOptions {
     KafkaOptions {
         committers: opts.kafka_committers,
@@ -190,24 +204,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
     let store = Store::open(&dir, &StoreOptions::default())
         .with_context(|| format!("cannot open the store in {}", dir.display()))?;
-    let log: Arc<dyn Log> = match &opts.kafka {
-        None => Arc::new(EmbeddedLog::open(
-            store,
-            embedded::Options {
-                partitions: opts.partitions,
-                fsync: !opts.no_fsync,
-                ..Default::default()
-            },
-        )?),
-        Some(bootstrap) => {
-            // One instance per transactional id: a restarted instance fences its previous
-            // incarnation. Opening connects and initializes transactions (blocking).
-            let kafka = kafka_options(opts, bootstrap);
-            let log = tokio::task::block_in_place(|| KafkaLog::open(kafka, store))
-                .with_context(|| format!("cannot start the Kafka log at {bootstrap}"))?;
-            Arc::new(log)
-        }
-    };
+    let log = open_log(opts, store, false)?;
     let options = RuntimeOptions {
         app_id: opts.app_id.clone(),
         instance_id: opts.instance_id.clone(),

@@ -1161,8 +1161,10 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
             }
         }
         // Some load after the last recovery too (ownership moves through the consumer
-        // group after an outage: partitions lost during it are assigned again first).
-        tokio::time::sleep(Duration::from_secs(15)).await;
+        // group after an outage: partitions lost during it are assigned again first). Long
+        // enough that the run acknowledges enough commands to mean something even when the
+        // restarts took most of the load phase (a loaded CI machine: restarts of 20 s+).
+        tokio::time::sleep(Duration::from_secs(30)).await;
     }
     let kill_one_of_two = matches!(disruption, Disruption::KillOneOfTwo);
     while let Some(peer) = peer

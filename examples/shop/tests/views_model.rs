@@ -797,24 +797,30 @@ impl Case {
     }
 }
 
-#[test]
-fn views_answer_every_query_like_a_model_of_the_accepted_events() {
-    let seeds: Vec<u64> = match std::env::var("EVENTFOLD_PROPTEST_SEED") {
-        Ok(s) => vec![s.parse().expect("EVENTFOLD_PROPTEST_SEED is a u64")],
-        Err(_) => {
-            let cases: u64 = std::env::var("EVENTFOLD_PROPTEST_CASES")
-                .ok()
-                .map(|n| n.parse().expect("EVENTFOLD_PROPTEST_CASES is a number"))
-                .unwrap_or(24);
-            // A fresh base seed per run (printed), so CI explores new cases over time.
-            let base: u64 = rand::random::<u32>().into();
-            eprintln!(
-                "views_model: seeds {base}..{} (replay one with EVENTFOLD_PROPTEST_SEED)",
-                base + cases
-            );
-            (base..base + cases).collect()
-        }
-    };
+/// The seeds to run: `EVENTFOLD_PROPTEST_SEED` alone, else `cases` (of
+/// `EVENTFOLD_PROPTEST_CASES`, default 24, through `scale`) from a fresh base seed per run
+/// (printed), so CI explores new cases over time.
+fn seeds(label: &str, scale: impl Fn(u64) -> u64) -> Vec<u64> {
+    if let Ok(s) = std::env::var("EVENTFOLD_PROPTEST_SEED") {
+        return vec![s.parse().expect("EVENTFOLD_PROPTEST_SEED is a u64")];
+    }
+    let cases = scale(
+        std::env::var("EVENTFOLD_PROPTEST_CASES")
+            .ok()
+            .map(|n| n.parse().expect("EVENTFOLD_PROPTEST_CASES is a number"))
+            .unwrap_or(24),
+    );
+    let base: u64 = rand::random::<u32>().into();
+    eprintln!(
+        "{label}: seeds {base}..{} (replay one with EVENTFOLD_PROPTEST_SEED)",
+        base + cases
+    );
+    (base..base + cases).collect()
+}
+
+/// Runs `case` for every seed on a fresh runtime each and checks the answers were worth
+/// comparing (mostly non-empty).
+fn run_seeds<F: std::future::Future<Output = (usize, usize)>>(label: &str, seeds: Vec<u64>, case: impl Fn(u64) -> F) {
     let (mut queries, mut non_empty) = (0, 0);
     for seed in seeds {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -822,48 +828,28 @@ fn views_answer_every_query_like_a_model_of_the_accepted_events() {
             .enable_all()
             .build()
             .unwrap();
-        let (q, n) = rt.block_on(run_case(seed));
+        let (q, n) = rt.block_on(case(seed));
+        rt.shutdown_timeout(Duration::from_secs(5));
         queries += q;
         non_empty += n;
-        rt.shutdown_timeout(Duration::from_secs(5));
     }
     // The generator must produce answers worth comparing, not mostly empty ones.
     assert!(non_empty * 2 > queries, "{non_empty} of {queries} answers non-empty");
-    eprintln!("views_model: {queries} queries ({non_empty} with rows) checked against the model");
+    eprintln!("{label}: {queries} queries ({non_empty} with rows) checked against the model");
 }
 
-/// The same property on Kafka with two instances (see the module docs).
+#[test]
+fn views_answer_every_query_like_a_model_of_the_accepted_events() {
+    run_seeds("views_model", seeds("views_model", |n| n), run_case);
+}
+
+/// The same property on Kafka with two instances (see the module docs); a quarter of the
+/// cases (at least 2): each starts two instances and waits for the group to split.
 #[test]
 fn views_answer_every_query_like_a_model_across_two_kafka_instances() {
     let bootstrap = common::kafka_bootstrap();
-    let seeds: Vec<u64> = match std::env::var("EVENTFOLD_PROPTEST_SEED") {
-        Ok(s) => vec![s.parse().expect("EVENTFOLD_PROPTEST_SEED is a u64")],
-        Err(_) => {
-            let cases: u64 = std::env::var("EVENTFOLD_PROPTEST_CASES")
-                .ok()
-                .map(|n| n.parse::<u64>().expect("EVENTFOLD_PROPTEST_CASES is a number") / 4)
-                .unwrap_or(6)
-                .max(2);
-            let base: u64 = rand::random::<u32>().into();
-            eprintln!(
-                "views_model on Kafka: seeds {base}..{} (replay one with EVENTFOLD_PROPTEST_SEED)",
-                base + cases
-            );
-            (base..base + cases).collect()
-        }
-    };
-    let (mut queries, mut non_empty) = (0, 0);
-    for seed in seeds {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let (q, n) = rt.block_on(run_kafka_case(seed, &bootstrap));
-        rt.shutdown_timeout(Duration::from_secs(5));
-        queries += q;
-        non_empty += n;
-    }
-    assert!(non_empty * 2 > queries, "{non_empty} of {queries} answers non-empty");
-    eprintln!("views_model on Kafka: {queries} queries ({non_empty} with rows) checked against the model");
+    let label = "views_model on Kafka";
+    run_seeds(label, seeds(label, |n| (n / 4).max(2)), |seed| {
+        run_kafka_case(seed, &bootstrap)
+    });
 }
