@@ -234,6 +234,14 @@ class Suite:
     def ensure_pg(self):
         if self.pg_started:
             return
+        # The port may be held by something else (another cluster, a PostgreSQL left
+        # running): this run's own cluster then listens on a free one.
+        with socket.socket() as s:
+            taken = s.connect_ex(("127.0.0.1", self.args.pg_port)) == 0
+        if taken:
+            port = free_port()
+            log(f"port {self.args.pg_port} is taken; PostgreSQL of this run listens on {port}")
+            self.args.pg_port = port
         run([str(CQRS_PEER / "pg.sh"), "start"], env={**os.environ, **self.pg_env()})
         self.pg_started = True
 
@@ -724,7 +732,7 @@ def main():
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
-    ap.add_argument("--pg-port", type=int, default=55432, help="PostgreSQL port for the cqrs-es peer")
+    ap.add_argument("--pg-port", type=int, default=55432, help="PostgreSQL port for the cqrs-es peer (a free one if taken)")
     ap.add_argument("--no-peers", action="store_true", help="eventfold only")
     ap.add_argument("--debug-build", action="store_true", help="use debug binaries (smoke in CI: already built)")
     ap.add_argument("--no-build", action="store_true", help="do not build (binaries must exist)")
