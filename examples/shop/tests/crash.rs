@@ -878,8 +878,14 @@ impl OwnBroker {
 }
 
 impl Drop for OwnBroker {
+    /// Stops the broker; when the test failed, its data and log are kept for a look (e.g.
+    /// `kafka-dump-log` on a partition, the transaction coordinator's log).
     fn drop(&mut self) {
         self.script("stop");
+        if std::thread::panicking() {
+            let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("a temporary dir")).keep();
+            eprintln!("crash test: the broker's data and log are kept in {}", kept.display());
+        }
     }
 }
 
