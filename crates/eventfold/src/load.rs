@@ -585,6 +585,16 @@ impl Shared {
             if *stop.borrow() {
                 return;
             }
+            // Without a rate, a counted run past its warm-up takes its slot before its
+            // sequence number: taken the other way round, a worker could take `n`, lose the
+            // race for the last slot to a later `n`, and leave a gap in `{n}`.
+            let slot_first = self.rate.is_none() && self.count.is_some() && Instant::now() >= self.warmup_end;
+            if slot_first
+                && let Some(count) = self.count
+                && self.slots_taken.fetch_add(1, Ordering::Relaxed) >= count
+            {
+                return;
+            }
             let n = self.next_n.fetch_add(1, Ordering::Relaxed);
             let intended = match self.rate {
                 Some(rate) => self.start + Duration::from_secs_f64(n as f64 / rate),
@@ -601,6 +611,7 @@ impl Shared {
             }
             let measured = intended >= self.warmup_end;
             if measured
+                && !slot_first
                 && let Some(count) = self.count
                 && self.slots_taken.fetch_add(1, Ordering::Relaxed) >= count
             {
