@@ -463,6 +463,9 @@ async fn topics_are_created_with_the_configs_of_their_suffix() {
         let entry = got.get(key).unwrap_or_else(|| panic!("{t} has {key}"));
         assert_eq!(entry.value.as_deref(), Some(value), "{t}: {key}");
     }
+    // One replica: the log says what a broker restart can cost (`single_replica_risk`).
+    let warning = log.broker_warning().expect("a warning about one replica");
+    assert!(warning.contains("replication factor 1"), "{warning}");
 }
 
 /// A data directory of the embedded log, or of a Kafka log with another partition count,

@@ -64,7 +64,7 @@ mod committer;
 mod member;
 mod provision;
 
-pub use provision::topic_config;
+pub use provision::{single_replica_risk, topic_config};
 
 use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result};
 use async_trait::async_trait;
@@ -315,6 +315,8 @@ pub struct KafkaLog {
     stats: Arc<Stats>,
     /// Opened with [`KafkaLog::open_reader`].
     read_only: bool,
+    /// What [`KafkaLog::broker_warning`] returns.
+    broker_warning: Option<String>,
 }
 
 impl KafkaLog {
@@ -327,6 +329,10 @@ impl KafkaLog {
         let clients = Clients::new(&options)?;
         clients.check_reachable(options.operation_timeout)?;
         let provisioner = Provisioner::new(&options, true)?;
+        let broker_warning = provision::single_replica_risk(options.topics.replication_factor);
+        if let Some(w) = &broker_warning {
+            tracing::warn!("{w}");
+        }
         let shared = Arc::new(Shared {
             options,
             provisioner,
@@ -388,7 +394,15 @@ impl KafkaLog {
             committers: handles,
             stats,
             read_only: false,
+            broker_warning,
         })
+    }
+
+    /// Why a restart of the cluster's brokers could lose acknowledged transactions with
+    /// this configuration, if it could (also logged as a warning at open): topics with one
+    /// replica (see [`single_replica_risk`]). `None` for a reader.
+    pub fn broker_warning(&self) -> Option<&str> {
+        self.broker_warning.as_deref()
     }
 
     /// Opens the log for reading only (e.g. an offline view rebuild from the topics):
@@ -415,6 +429,7 @@ impl KafkaLog {
             committers: Vec::new(),
             stats: Arc::new(Stats::default()),
             read_only: true,
+            broker_warning: None,
         })
     }
 

@@ -168,6 +168,24 @@ impl Provisioner {
     }
 }
 
+/// Why a broker restart can lose an acknowledged transaction with this replication factor,
+/// if it can (logged as a warning when a Kafka log opens).
+///
+/// When the only replica of a partition loses its leadership while its broker runs (a
+/// controlled shutdown, or the controller fencing a broker whose heartbeats stalled), the
+/// partition has no leader, and Kafka's transaction coordinator (seen with 4.4) then skips
+/// the commit markers of such partitions yet completes the transaction: the records of a
+/// commit the producer was told succeeded stay in an open transaction, and the next abort
+/// of that producer aborts them. With two or more replicas the leadership moves to another
+/// broker and the markers go there.
+pub fn single_replica_risk(replication_factor: i32) -> Option<String> {
+    (replication_factor < 2).then(|| {
+        format!(
+            "topics get replication factor {replication_factor}: a Kafka broker that loses the leadership of a partition while it runs (a controlled shutdown, or fenced by its controller) can complete a transaction without its markers, and an acknowledged commit is aborted later. Use a replication factor of at least 2 in production; a single test broker should run without controlled shutdown and with a separate controller (scripts/kafka/broker.sh with EVENTFOLD_KAFKA_CONTROLLER=separate)"
+        )
+    })
+}
+
 struct Described {
     partitions: u32,
     leaders: u32,
@@ -195,6 +213,12 @@ mod tests {
         );
         assert_eq!(get("shop._instances", "cleanup.policy").as_deref(), Some("compact"));
         assert!(topic_config("other", &d).is_empty());
+    }
+
+    #[test]
+    fn one_replica_is_a_risk() {
+        assert!(single_replica_risk(1).expect("a risk").contains("replication factor 1"));
+        assert_eq!(single_replica_risk(2), None);
     }
 
     #[test]
