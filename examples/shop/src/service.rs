@@ -83,6 +83,19 @@ pub struct ServeOptions {
     /// finds its producer fenced and stops (restart it).
     #[arg(long, env = "EVENTFOLD_KAFKA_TRANSACTION_TIMEOUT_SECS", default_value_t = 10)]
     pub kafka_transaction_timeout_secs: u64,
+    /// Kafka mode: a librdkafka setting for every Kafka client of the instance, as
+    /// `KEY=VALUE` (repeatable; e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=PLAIN`,
+    /// `debug=eos`). It wins over eventfold's own defaults.
+    #[arg(long = "kafka-config", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub kafka_config: Vec<(String, String)>,
+}
+
+/// `KEY=VALUE` of `--kafka-config`.
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+        _ => Err(format!("`{s}` is not KEY=VALUE (e.g. security.protocol=SASL_SSL)")),
+    }
 }
 
 impl ServeOptions {
@@ -177,6 +190,7 @@ fn kafka_options(opts: &ServeOptions, bootstrap: &str) -> KafkaOptions {
         operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
         session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
         transaction_timeout: Duration::from_secs(opts.kafka_transaction_timeout_secs.max(1)),
+        client_config: opts.kafka_config.clone(),
         ..KafkaOptions::new(
             bootstrap,
             opts.partitions,

@@ -74,7 +74,41 @@ fn rejects_bad_flags_with_clear_messages() {
         "--partitions",
         "--instance-id",
         "--dedup-window-secs",
+        "--kafka-config",
     ] {
         assert!(help.contains(flag), "--help documents {flag}");
     }
+    let out = shop(&[
+        "--data-dir",
+        d,
+        "--kafka",
+        "127.0.0.1:1",
+        "--kafka-config",
+        "no-equals-sign",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not KEY=VALUE"));
+}
+
+/// `--kafka-config` reaches librdkafka: a property it does not know is refused by name
+/// before anything connects (so no broker is needed here).
+#[test]
+fn kafka_client_settings_reach_librdkafka() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = shop(&[
+        "--data-dir",
+        d,
+        "--kafka",
+        "127.0.0.1:1",
+        "--kafka-config",
+        "no.such.property=1",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no.such.property"), "{stderr}");
 }
