@@ -461,10 +461,9 @@ cmd_start() {
     log "broker process $pid exists but its client port is closed: waiting for it"
   else
     rm -f "$PID_FILE"
+    # A separate controller checks its own port (start_controller).
     local p ports=("$PORT")
-    if [[ "$CONTROLLER_MODE" == combined ]] || ! running_pid "$CTRL_PID_FILE" >/dev/null; then
-      ports+=("$CONTROLLER_PORT")
-    fi
+    [[ "$CONTROLLER_MODE" == combined ]] && ports+=("$CONTROLLER_PORT")
     for p in "${ports[@]}"; do
       if port_open "$HOST" "$p"; then
         die "port $HOST:$p is already in use by another process (not the broker of $STATE_DIR); stop it or set EVENTFOLD_KAFKA_PORT"

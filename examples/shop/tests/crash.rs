@@ -1280,7 +1280,7 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
         );
         failures.extend(skipped.into_iter().map(|line| {
             format!(
-                "the broker completed a transaction without writing its markers (acknowledged commits can then be aborted later; Kafka skips the markers of partitions that have no leader, as during a controlled shutdown of a single broker, which scripts/kafka/broker.sh disables): {line}"
+                "the broker completed a transaction without writing its markers (acknowledged commits can then be aborted later; Kafka skips the markers of partitions that have no leader, as during a controlled shutdown of a single broker, which the separate-controller broker of scripts/kafka/broker.sh does not do): {line}"
             )
         }));
     }

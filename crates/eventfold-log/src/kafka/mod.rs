@@ -315,8 +315,6 @@ pub struct KafkaLog {
     stats: Arc<Stats>,
     /// Opened with [`KafkaLog::open_reader`].
     read_only: bool,
-    /// What [`KafkaLog::broker_warning`] returns.
-    broker_warning: Option<String>,
 }
 
 impl KafkaLog {
@@ -329,8 +327,7 @@ impl KafkaLog {
         let clients = Clients::new(&options)?;
         clients.check_reachable(options.operation_timeout)?;
         let provisioner = Provisioner::new(&options, true)?;
-        let broker_warning = provision::single_replica_risk(options.topics.replication_factor);
-        if let Some(w) = &broker_warning {
+        if let Some(w) = provision::single_replica_risk(options.topics.replication_factor) {
             tracing::warn!("{w}");
         }
         let shared = Arc::new(Shared {
@@ -394,15 +391,17 @@ impl KafkaLog {
             committers: handles,
             stats,
             read_only: false,
-            broker_warning,
         })
     }
 
     /// Why a restart of the cluster's brokers could lose acknowledged transactions with
     /// this configuration, if it could (also logged as a warning at open): topics with one
     /// replica (see [`single_replica_risk`]). `None` for a reader.
-    pub fn broker_warning(&self) -> Option<&str> {
-        self.broker_warning.as_deref()
+    pub fn broker_warning(&self) -> Option<String> {
+        if self.read_only {
+            return None;
+        }
+        single_replica_risk(self.shared.options.topics.replication_factor)
     }
 
     /// Opens the log for reading only (e.g. an offline view rebuild from the topics):
@@ -429,7 +428,6 @@ impl KafkaLog {
             committers: Vec::new(),
             stats: Arc::new(Stats::default()),
             read_only: true,
-            broker_warning: None,
         })
     }
 
