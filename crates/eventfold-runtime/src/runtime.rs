@@ -7,7 +7,7 @@ use crate::processor::{PartitionShared, Processor, ProcessorConfig};
 use crate::remote::Requester;
 use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
 use crate::source::{GroupMember, TypedMember};
-use crate::view::{ViewOptions, ViewReport, ViewService};
+use crate::view::{CLEAR_BATCH, ViewOptions, ViewReport, ViewService};
 use eventfold_core::{Aggregate, Projection};
 use eventfold_log::Log;
 use eventfold_log::MemberControl;
@@ -411,7 +411,7 @@ async fn commit_serving(store: eventfold_store::Store, key: String, version: u32
         b.put_meta(&key, u64::from(version));
         store.commit(b, true)?;
         match remove {
-            Some(storage) => store.clear_view(&storage, 10_000),
+            Some(storage) => store.clear_view(&storage, CLEAR_BATCH),
             None => Ok(0),
         }
     })
@@ -466,7 +466,7 @@ async fn switch_when_caught_up(
     );
     old.retire().await;
     let storage = old.storage().to_owned();
-    match tokio::task::spawn_blocking(move || store.clear_view(&storage, 10_000)).await {
+    match tokio::task::spawn_blocking(move || store.clear_view(&storage, CLEAR_BATCH)).await {
         Ok(Ok(n)) => tracing::info!(view = new.name(), removed = n, "previous view version removed"),
         Ok(Err(e)) => tracing::error!(view = new.name(), error = %e, "cannot remove the previous view version"),
         Err(e) => tracing::error!(view = new.name(), error = %e, "removal task failed"),

@@ -59,6 +59,10 @@ pub use offline::{RebuildStats, rebuild};
 /// its source partition over.
 const OWNERSHIP_POLL: Duration = Duration::from_millis(100);
 
+/// Keys per ingestion when a view's data is cleared ([`eventfold_store::Store::clear_view`]):
+/// about 60 MiB of keys held at a time.
+pub(crate) const CLEAR_BATCH: usize = 1 << 20;
+
 /// Options of the view processors and queries (defaults in parentheses).
 #[derive(Debug, Clone)]
 pub struct ViewOptions {
@@ -896,15 +900,9 @@ struct Pending {
     entries: BTreeMap<(usize, Vec<u8>, String), Option<String>>,
     /// A unique index value -> the row holding it.
     owners: HashMap<UniqueValue, Option<String>>,
-}
-
-/// One applied batch: the store batch, and what it sets (for a rebuild's memory).
-struct Applied {
-    batch: Batch,
-    /// Each changed row with its new JSON (`None`: deleted).
-    rows: Vec<(String, Option<Vec<u8>>)>,
-    /// Each changed unique-index owner.
-    owners: Vec<(UniqueValue, Option<String>)>,
+    /// Leave the entries of non-unique indexes out of `entries`: the caller derives them
+    /// from the final rows (a rebuild into an empty view).
+    derive_plain_entries: bool,
 }
 
 impl<P: Projection> Worker<P> {
@@ -1025,7 +1023,7 @@ impl<P: Projection> Worker<P> {
             view: &self.svc.storage,
             indexes: &self.svc.indexes,
         };
-        let batch = self.apply(topic, &events, next, &base).map_err(Step::Fatal)?.batch;
+        let batch = self.apply(topic, &events, next, &base).map_err(Step::Fatal)?;
         // The write may wait for the store's journal (held during the command path's
         // fsync): never on a runtime worker.
         let store = self.log.store().clone();
@@ -1060,17 +1058,45 @@ impl<P: Projection> Worker<P> {
             .expect("not poisoned") = Some(reason);
     }
 
-    /// Applies `events` over `base` (what is committed) and returns the store batch
-    /// (rows, index entries, checkpoint `next`) with the rows and owners it sets.
+    /// Applies `events` over `base` (what is committed) and returns the store batch:
+    /// rows, index entries, checkpoint `next`.
     fn apply(
         &self,
         topic: &str,
         events: &[Decoded<SourceEvent<P>>],
         next: u64,
         base: &dyn Committed,
-    ) -> Result<Applied, String> {
-        let view = self.svc.storage.as_str();
+    ) -> Result<Batch, String> {
         let mut pending = Pending::default();
+        self.fold(&mut pending, topic, events, base)?;
+        let view = self.svc.storage.as_str();
+        let mut batch = Batch::with_capacity(pending.rows.len() * 3 + 1);
+        for (key, doc) in pending.rows {
+            match doc {
+                Some(doc) => batch.put_view_row(view, &key, &serde_json::to_vec(&doc).expect("JSON values serialize")),
+                None => batch.delete_view_row(view, &key),
+            }
+        }
+        for ((i, value, entry), row) in &pending.entries {
+            let idx = &self.svc.indexes[*i];
+            match row {
+                Some(key) => batch.put_view_entry(view, idx.name, value, key, idx.unique),
+                None => batch.delete_view_entry(view, idx.name, value, entry, idx.unique),
+            }
+        }
+        batch.put_meta(&view_checkpoint_key(view, topic, self.partition), next);
+        Ok(batch)
+    }
+
+    /// Applies `events` over `pending` (changes not committed yet) over `base` (what is
+    /// committed).
+    fn fold(
+        &self,
+        pending: &mut Pending,
+        topic: &str,
+        events: &[Decoded<SourceEvent<P>>],
+        base: &dyn Committed,
+    ) -> Result<(), String> {
         for Decoded {
             offset,
             record,
@@ -1118,32 +1144,10 @@ impl<P: Projection> Worker<P> {
                         self.svc.partition_of(&key)
                     ));
                 }
-                self.change(&mut pending, base, key, doc).map_err(|e| e.to_string())?;
+                self.change(pending, base, key, doc).map_err(|e| e.to_string())?;
             }
         }
-        let mut batch = Batch::with_capacity(pending.rows.len() * 3 + 1);
-        let mut rows = Vec::with_capacity(pending.rows.len());
-        for (key, doc) in pending.rows {
-            let json = doc.map(|doc| serde_json::to_vec(&doc).expect("JSON values serialize"));
-            match &json {
-                Some(json) => batch.put_view_row(view, &key, json),
-                None => batch.delete_view_row(view, &key),
-            }
-            rows.push((key, json));
-        }
-        for ((i, value, entry), row) in &pending.entries {
-            let idx = &self.svc.indexes[*i];
-            match row {
-                Some(key) => batch.put_view_entry(view, idx.name, value, key, idx.unique),
-                None => batch.delete_view_entry(view, idx.name, value, entry, idx.unique),
-            }
-        }
-        batch.put_meta(&view_checkpoint_key(view, topic, self.partition), next);
-        Ok(Applied {
-            batch,
-            rows,
-            owners: pending.owners.into_iter().collect(),
-        })
+        Ok(())
     }
 
     /// Records one row change and the index entries it moves.
@@ -1158,6 +1162,9 @@ impl<P: Projection> Worker<P> {
         };
         let key_str = key.as_str();
         for (i, idx) in self.svc.indexes.iter().enumerate() {
+            if pending.derive_plain_entries && !idx.unique {
+                continue;
+            }
             // A value of the wrong type is not indexed (the same rule for old and new rows,
             // so what was indexed is exactly what is removed).
             let value = |d: &Option<Value>, warn: bool| -> Option<Vec<u8>> {

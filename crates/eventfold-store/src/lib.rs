@@ -14,7 +14,7 @@ pub mod view;
 
 pub use codec::{decode_record, encode_record};
 pub use store::{Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table};
-pub use view::{Hit, Page, RawEntry, Scan, encode_prefix, encode_value, view_checkpoint_key};
+pub use view::{Hit, Page, RawEntry, Scan, ViewWrite, encode_prefix, encode_value, view_checkpoint_key};
 
 /// Errors of the local store.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@
 //! only such strings' encodings do: a string prefix query is a key range too.
 
 use crate::codec::{frame, unframe};
-use crate::store::{Batch, Store, Table, corrupt, key2};
+use crate::store::{Batch, KeyOp, Store, Table, corrupt, ingest_ordered, key2};
 use crate::{Error, Result};
 use eventfold_core::IndexValue;
 use fjall::Readable;
@@ -137,6 +137,140 @@ impl Batch {
     }
 }
 
+/// Rows and index entries of one view for [`Store::ingest_view`], keyed and framed as
+/// they are added (like a [`Batch`]).
+#[derive(Debug)]
+pub struct ViewWrite {
+    view: String,
+    rows: Vec<KeyOp>,
+    entries: Vec<KeyOp>,
+}
+
+impl ViewWrite {
+    /// Nothing yet for `view`, with room for `rows` rows and `entries` entries.
+    pub fn with_capacity(view: &str, rows: usize, entries: usize) -> Self {
+        Self {
+            view: view.to_owned(),
+            rows: Vec::with_capacity(rows),
+            entries: Vec::with_capacity(entries),
+        }
+    }
+
+    /// Sets row `key` to the JSON document `json`.
+    pub fn put_row(&mut self, key: &str, json: &[u8]) {
+        self.rows.push((row_key(&self.view, key), Some(frame(json))));
+    }
+
+    /// Deletes row `key`.
+    pub fn delete_row(&mut self, key: &str) {
+        self.rows.push((row_key(&self.view, key), None));
+    }
+
+    /// Adds the entry `value` -> `key` to `index` (as [`Batch::put_view_entry`]).
+    pub fn put_entry(&mut self, index: &str, value: &[u8], key: &str, unique: bool) {
+        let k = entry_key(&self.view, index, value, key, unique);
+        self.entries.push((k, Some(frame(key.as_bytes()))));
+    }
+
+    /// Removes the entry `value` -> `key` from `index`.
+    pub fn delete_entry(&mut self, index: &str, value: &[u8], key: &str, unique: bool) {
+        self.entries
+            .push((entry_key(&self.view, index, value, key, unique), None));
+    }
+}
+
+impl Store {
+    /// Writes the rows and entries of `write` by ingestion (see [`Store::ingest`]: durable,
+    /// not atomic, each key at most once). With `replace`, `write` is the view's whole
+    /// new content: every row and entry of the view stored before and not in `write` is
+    /// deleted in the same ingestion (one pass over the old keys, merged with the new
+    /// ones); returns how many keys of the view were stored before (0 without `replace`).
+    pub fn ingest_view(&self, write: ViewWrite, replace: bool) -> Result<u64> {
+        check_name("view", &write.view)?;
+        let ViewWrite { view, rows, entries } = write;
+        let snapshot = replace.then(|| self.snapshot());
+        std::thread::scope(|scope| {
+            let tasks: Vec<_> = [(Table::ViewRow, rows), (Table::ViewIndex, entries)]
+                .into_iter()
+                .map(|(table, mut ops)| {
+                    let (view, snapshot) = (&view, &snapshot);
+                    scope.spawn(move || -> Result<u64> {
+                        ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        if let Some(w) = ops.windows(2).find(|w| w[0].0 == w[1].0) {
+                            return Err(Error::InvalidKey(format!("key {:?} written twice", w[0].0)));
+                        }
+                        let keyspace = self.table(table);
+                        let Some(snapshot) = snapshot else {
+                            ingest_ordered(keyspace, ops.into_iter().map(Ok))?;
+                            return Ok(0);
+                        };
+                        let prefix = key2(view.as_bytes(), b"");
+                        let end = prefix_end(&prefix);
+                        let mut old = snapshot
+                            .range(keyspace, prefix..end)
+                            .map(|kv| kv.key().map(|k| k.to_vec()));
+                        let mut stored = 0;
+                        let merged = MergeOld {
+                            new: ops.into_iter().peekable(),
+                            old: std::iter::from_fn(|| {
+                                let k = old.next()?;
+                                stored += 1;
+                                Some(k.map_err(Error::from))
+                            })
+                            .peekable(),
+                        };
+                        ingest_ordered(keyspace, merged)?;
+                        Ok(stored)
+                    })
+                })
+                .collect();
+            let mut stored = 0;
+            for task in tasks {
+                stored += task.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            }
+            Ok(stored)
+        })
+    }
+}
+
+/// New writes (sorted) merged with old keys (sorted): every new write, and a tombstone
+/// for each old key without one.
+struct MergeOld<N: Iterator, O: Iterator> {
+    new: std::iter::Peekable<N>,
+    old: std::iter::Peekable<O>,
+}
+
+impl<N, O> Iterator for MergeOld<N, O>
+where
+    N: Iterator<Item = KeyOp>,
+    O: Iterator<Item = Result<Vec<u8>>>,
+{
+    type Item = Result<KeyOp>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let old = match self.old.peek() {
+                Some(Ok(k)) => Some(k),
+                Some(Err(_)) => return self.old.next().map(|e| e.map(|k| (k, None))),
+                None => None,
+            };
+            return match (self.new.peek(), old) {
+                (None, None) => None,
+                (Some(_), None) => self.new.next().map(Ok),
+                (None, Some(_)) => self.old.next().map(|k| k.map(|k| (k, None))),
+                (Some((n, _)), Some(o)) => match n.cmp(o) {
+                    std::cmp::Ordering::Less => self.new.next().map(Ok),
+                    std::cmp::Ordering::Greater => self.old.next().map(|k| k.map(|k| (k, None))),
+                    std::cmp::Ordering::Equal => {
+                        self.old.next(); // rewritten
+                        continue;
+                    }
+                },
+            };
+        }
+    }
+}
+
 /// An index (or row) scan: bounds on the encoded value, order, continuation and limits.
 #[derive(Debug, Clone, Default)]
 pub struct Scan {
@@ -191,38 +325,43 @@ impl Store {
         }
     }
 
-    /// Deletes every row, index entry and checkpoint of `view`, in batches of at most
-    /// `max_batch` keys (a large view is not one huge batch); returns how many keys were
-    /// deleted. Not atomic as a whole: callers mark the view as being rebuilt first.
+    /// Deletes every row, index entry and checkpoint of `view`, rows and entries as
+    /// ingested tombstones, at most `max_batch` keys per ingestion (each makes table
+    /// files, so make it large; it bounds the memory of the keys held); returns how many
+    /// keys were deleted. Not atomic as a whole: callers mark the view as being rebuilt
+    /// first.
     pub fn clear_view(&self, view: &str, max_batch: usize) -> Result<u64> {
         check_name("view", view)?;
         let max_batch = max_batch.max(1);
-        let checkpoints = format!("view/{view}/").into_bytes();
         let mut deleted = 0;
-        // Checkpoints first: should this stop half way, a view with no checkpoint is
-        // rebuilt from the start rather than trusted.
-        for (table, prefix) in [
-            (Table::Meta, checkpoints),
-            (Table::ViewIndex, key2(view.as_bytes(), b"")),
-            (Table::ViewRow, key2(view.as_bytes(), b"")),
-        ] {
-            // One pass over a snapshot: re-reading the prefix after each batch would walk
-            // over the tombstones of the batches before (quadratic in the view's size).
-            let snapshot = self.snapshot();
+        // Checkpoints first, committed: should this stop half way, a view with no
+        // checkpoint is rebuilt from the start rather than trusted.
+        let checkpoints = format!("view/{view}/").into_bytes();
+        let mut b = Batch::new();
+        for kv in self
+            .table(Table::Meta)
+            .range(checkpoints.clone()..prefix_end(&checkpoints))
+        {
+            b.delete(Table::Meta, kv.key()?.to_vec());
+        }
+        deleted += b.len() as u64;
+        self.commit(b, true)?;
+        // Entries and rows become tombstones written straight into table files (see
+        // [`Store::ingest`]): no journal, no memtable. One pass over a snapshot.
+        let snapshot = self.snapshot();
+        let mut b = Batch::with_capacity(max_batch.min(1 << 16));
+        for table in [Table::ViewIndex, Table::ViewRow] {
+            let prefix = key2(view.as_bytes(), b"");
             let end = prefix_end(&prefix);
-            let mut b = Batch::with_capacity(max_batch);
             for kv in snapshot.range(self.table(table), prefix..end) {
                 b.delete(table, kv.key()?.to_vec());
                 deleted += 1;
                 if b.len() >= max_batch {
-                    self.commit(std::mem::replace(&mut b, Batch::with_capacity(max_batch)), false)?;
+                    self.ingest(std::mem::take(&mut b))?;
                 }
             }
-            self.commit(b, false)?;
         }
-        // One fsync for all: a crash before it loses some deletes, which the caller's
-        // marker covers (the clear is repeated).
-        self.sync()?;
+        self.ingest(b)?;
         Ok(deleted)
     }
 
@@ -671,6 +810,83 @@ mod tests {
 
     /// Clearing a view removes its rows, entries and checkpoints in small batches, and
     /// nothing of a view whose name it prefixes.
+    #[test]
+    fn ingest_view_replaces_exactly_that_view() {
+        let (_dir, s) = temp();
+        let (one, two) = (encode_value(&IndexValue::Int(1)), encode_value(&IndexValue::Int(2)));
+        let mut b = Batch::new();
+        for view in ["v", "v2"] {
+            for i in 0..10 {
+                let key = format!("k{i}");
+                b.put_view_row(view, &key, b"{\"old\":1}");
+                b.put_view_entry(view, "n", &one, &key, false);
+            }
+        }
+        s.commit(b, false).unwrap();
+        // Half the rows again (one with a new value), one new row; the rest must go.
+        let mut w = ViewWrite::with_capacity("v", 6, 6);
+        for i in (0..10).step_by(2).chain([42]) {
+            let key = format!("k{i}");
+            w.put_row(&key, b"{\"new\":1}");
+            w.put_entry("n", if i == 4 { &two } else { &one }, &key, false);
+        }
+        assert_eq!(
+            s.ingest_view(w, true).unwrap(),
+            20,
+            "the view held 10 rows and 10 entries"
+        );
+        let keys = |index: Option<&str>| -> Vec<String> {
+            let scan = Scan {
+                limit: 100,
+                max_scanned: 100,
+                ..Default::default()
+            };
+            all(&s, "v", index, scan)
+        };
+        assert_eq!(keys(None), ["k0", "k2", "k4", "k42", "k6", "k8"]);
+        assert_eq!(
+            keys(Some("n")),
+            ["k0", "k2", "k42", "k6", "k8", "k4"],
+            "k4 moved to value 2"
+        );
+        assert_eq!(s.get_view_row("v", "k2").unwrap().unwrap(), b"{\"new\":1}");
+        assert_eq!(s.count_view_rows("v2").unwrap(), 10, "the other view is untouched");
+
+        // Without replace: only what is written changes, deletes included.
+        let mut w = ViewWrite::with_capacity("v", 2, 1);
+        w.delete_row("k0");
+        w.delete_entry("n", &one, "k0", false);
+        w.put_row("k1", b"{}");
+        assert_eq!(s.ingest_view(w, false).unwrap(), 0);
+        assert_eq!(keys(None), ["k1", "k2", "k4", "k42", "k6", "k8"]);
+        assert_eq!(keys(Some("n")), ["k2", "k42", "k6", "k8", "k4"]);
+
+        let mut w = ViewWrite::with_capacity("v", 2, 0);
+        w.put_row("k1", b"{}");
+        w.delete_row("k1");
+        assert!(s.ingest_view(w, false).is_err(), "a key written twice is refused");
+    }
+
+    #[test]
+    fn ingest_keeps_the_last_write_of_a_key() {
+        let (_dir, s) = temp();
+        let mut b = Batch::new();
+        b.put_meta("a", 1);
+        b.put_meta("b", 1);
+        s.commit(b, false).unwrap();
+        let mut b = Batch::new();
+        b.put_meta("c", 1);
+        b.put_meta("a", 2);
+        b.delete_meta("b");
+        b.put_meta("c", 3);
+        b.put_view_row("v", "k", b"{}");
+        s.ingest(b).unwrap();
+        assert_eq!(s.get_meta("a").unwrap(), Some(2));
+        assert_eq!(s.get_meta("b").unwrap(), None);
+        assert_eq!(s.get_meta("c").unwrap(), Some(3));
+        assert_eq!(s.get_view_row("v", "k").unwrap().unwrap(), b"{}");
+    }
+
     #[test]
     fn clear_view_removes_exactly_that_view() {
         let (_dir, s) = temp();

@@ -1,28 +1,32 @@
 //! Offline view rebuilds: a view applied again from offset 0 of its source, while nothing
 //! else writes it.
 //!
-//! The rebuild runs the live workers' [`Worker::apply`] (so it builds exactly the rows,
+//! The rebuild runs the live workers' [`Worker::fold`] (so it builds exactly the rows,
 //! index entries, unique-index owners and checkpoints a live view builds from the same
-//! events), with three differences that only hold because nothing else writes the view:
+//! events), but writes nothing per batch: only because nothing else writes the view,
 //!
-//! - **Reading is pipelined:** a reader task reads the source in chunks of
-//!   [`ViewOptions::rebuild_batch_events`] and decodes the payloads, while the previous
-//!   chunk is applied, and the one before it committed (one store batch per chunk, not
-//!   fsynced; one fsync at the end, before the marker goes).
-//! - **Rows come from memory:** what the rebuild wrote is kept in a [`Memory`] (rows as
-//!   JSON, unique-index owners), so it reads the store only for what it evicted; until it
-//!   evicts anything, a row it has not written does not exist (the view was cleared).
-//! - **Batches are large**, so their commits are few.
+//! - **reading is pipelined:** a reader task reads the source in chunks of
+//!   [`ViewOptions::rebuild_batch_events`] and decodes the payloads while the previous
+//!   chunk is applied;
+//! - **the view is built in memory** (an [`Overlay`]: rows as JSON, unique-index entries
+//!   and owners) up to [`ViewOptions::rebuild_cache_bytes`]; entries of non-unique
+//!   indexes are not tracked change by change but derived from the final rows;
+//! - **it is written once, sorted,** as new table files ([`Store::ingest`]: no journal, no
+//!   memtable), when the memory is full and at the end. After such a spill the rebuild
+//!   goes on like a live worker over what it wrote: rows it does not hold are read from
+//!   the store, and index entries move change by change (tombstones included).
+//!
+//! The checkpoints and the removal of the rebuild marker are committed last, in one batch.
 
 use super::{
-    Applied, Committed, Decoded, SourceEvent, UniqueValue, Worker, decode, parse_row, rebuild_marker_key, service,
+    Committed, Decoded, Pending, SourceEvent, UniqueValue, Worker, decode, parse_row, rebuild_marker_key, service,
 };
 use crate::error::{Error, Result};
 use crate::service::Topics;
 use crate::view::{ViewOptions, storage_name};
 use eventfold_core::{Aggregate, Index, Projection};
 use eventfold_log::Log;
-use eventfold_store::{Batch, Store};
+use eventfold_store::{Batch, Store, ViewWrite, encode_value, view_checkpoint_key};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,7 +37,7 @@ use tokio::sync::mpsc;
 /// What a rebuild did.
 #[derive(Debug, Clone, Default)]
 pub struct RebuildStats {
-    /// Entries removed before the rebuild (rows, index entries, checkpoints).
+    /// Rows and index entries the view held before, replaced or deleted by the rebuild.
     pub cleared: u64,
     /// Source events applied.
     pub events: u64,
@@ -41,15 +45,15 @@ pub struct RebuildStats {
     pub rows: u64,
     /// Rows left out of a unique index because another row held the value.
     pub unique_conflicts: u64,
-    /// Time the rebuild took (clearing included).
+    /// Time the rebuild took (writing included).
     pub elapsed: Duration,
 }
 
 /// Rebuilds the view of projection `P` from its source events in `log`, from offset 0 of
-/// every partition: clears the view's rows, index entries and checkpoints, then applies
-/// the events up to the end offsets taken at the start, in batches of
-/// `options.rebuild_batch_events`, each committed with its checkpoint like a live view
-/// (see the module docs). `progress(applied, total)` is called after each batch.
+/// every partition up to the end offsets taken at the start, in batches of
+/// `options.rebuild_batch_events`, and replaces the view's rows, index entries and
+/// checkpoints with the result (see the module docs). `progress(applied, total)` is
+/// called after each batch.
 ///
 /// Nothing else may write the view meanwhile: run it while the service is stopped (the
 /// store's lock makes a second process fail to open it). A durable marker is written
@@ -75,7 +79,6 @@ pub async fn rebuild<P: Projection>(
     let mut b = Batch::new();
     b.put_meta(&marker, 1);
     store.commit(b, true)?;
-    let cleared = store.clear_view(&storage, 10_000)?;
     let (svc, projection, _) = service::<P>(&log, source.clone(), None, options);
     let total: u64 = ends.iter().sum();
     progress(0, total);
@@ -103,58 +106,74 @@ pub async fn rebuild<P: Projection>(
             next: 0,
         })
         .collect();
-    let mut memory = Memory::new(&store, &storage, &svc.indexes, options.rebuild_cache_bytes);
-    // The batch being committed while the next one is applied.
-    let mut committing: Option<(u32, tokio::task::JoinHandle<eventfold_store::Result<()>>)> = None;
-    let mut applied = 0;
+    let mut overlay = Overlay::new(&store, &storage, &svc.indexes, options.rebuild_cache_bytes);
+    let mut checkpoints = vec![None; log.partitions() as usize];
+    let (mut applied, mut cleared) = (0, 0);
     while let Some(chunk) = rx.recv().await {
         let Chunk {
             partition,
             events,
             next,
         } = chunk.map_err(|(p, e)| failed(p, e))?;
-        let worker = &workers[partition as usize];
-        let Applied { batch, rows, owners } = worker
-            .apply(&source.events, &events, next, &memory)
+        let mut pending = Pending {
+            derive_plain_entries: overlay.whole,
+            ..Default::default()
+        };
+        workers[partition as usize]
+            .fold(&mut pending, &source.events, &events, &overlay)
             .map_err(|e| failed(partition, e))?;
-        // What `memory` forgets must be in the store: the batch before is committed first.
-        if let Some((p, commit)) = committing.take() {
-            finish(commit).await.map_err(|e| failed(p, e))?;
-        }
-        memory.remember(rows, owners);
-        let store = store.clone();
-        committing = Some((
-            partition,
-            tokio::task::spawn_blocking(move || store.commit(batch, false)),
-        ));
+        overlay.take(pending);
+        checkpoints[partition as usize] = Some(next);
         applied += events.len() as u64;
+        // Dropped off this thread: freeing a chunk's records costs as much as reading them.
+        tokio::task::spawn_blocking(move || drop(events));
+        if overlay.bytes > overlay.max_bytes {
+            tracing::debug!(bytes = overlay.bytes, "rebuild memory full: writing it to the store");
+            cleared += ingest(&store, overlay.spill())
+                .await
+                .map_err(|e| failed(partition, e))?;
+        }
         progress(applied, total);
-    }
-    if let Some((p, commit)) = committing.take() {
-        finish(commit).await.map_err(|e| failed(p, e))?;
     }
     reader
         .await
         .map_err(|e| failed(0, format!("the reader task failed: {e}")))?;
-    // The batches were not fsynced: they are durable before the marker goes.
-    store.sync()?;
+    let rows = overlay
+        .whole
+        .then(|| overlay.rows.values().filter(|r| r.is_some()).count() as u64);
+    cleared += ingest(&store, overlay.spill()).await.map_err(|e| failed(0, e))?;
+    // Ingested data is durable: the checkpoints and the marker's removal go together.
     let mut b = Batch::new();
+    for (p, next) in checkpoints.into_iter().enumerate() {
+        let key = view_checkpoint_key(&storage, &source.events, p as u32);
+        match next {
+            Some(next) => b.put_meta(&key, next),
+            None => b.delete_meta(&key),
+        }
+    }
     b.delete_meta(&marker);
     store.commit(b, true)?;
+    let rows = match rows {
+        Some(n) => n,
+        None => store.count_view_rows(&storage)?,
+    };
     Ok(RebuildStats {
         cleared,
         events: applied,
-        rows: store.count_view_rows(&storage)?,
+        rows,
         unique_conflicts: svc.unique_conflicts.iter().map(|n| n.load(Ordering::Relaxed)).sum(),
         elapsed: started.elapsed(),
     })
 }
 
-async fn finish(commit: tokio::task::JoinHandle<eventfold_store::Result<()>>) -> Result<(), String> {
-    match commit.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot commit: {e}")),
-        Err(e) => Err(format!("commit task failed: {e}")),
+/// Writes a spill with [`Store::ingest_view`] on a blocking thread; returns how many
+/// keys of the view were stored before, when the spill replaces them.
+async fn ingest(store: &Store, (write, replace): (ViewWrite, bool)) -> Result<u64, String> {
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || store.ingest_view(write, replace)).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(format!("cannot write to the store: {e}")),
+        Err(e) => Err(format!("write task failed: {e}")),
     }
 }
 
@@ -211,28 +230,39 @@ async fn read<P: Projection>(
     }
 }
 
-/// What the rebuild has written, kept in memory (bounded by bytes): rows as JSON
-/// (`None`: deleted) and unique-index owners. While it never dropped anything (`whole`),
-/// a key it does not hold was never written since the view was cleared: it does not
-/// exist. After a drop, such keys are read from the store.
-struct Memory<'a> {
+/// The view as the rebuild built it and has not written yet, bounded by bytes: rows as
+/// JSON with the encoded values of their non-unique index fields, index entries, and
+/// unique-index owners. While nothing was written (`whole`), a key it does not hold does
+/// not exist (the view was cleared), deletes need no tombstone, and the entries of
+/// non-unique indexes are derived from the rows when written. After a spill, missing
+/// rows and owners are read from the store and every entry change is kept.
+struct Overlay<'a> {
     store: &'a Store,
     view: &'a str,
     indexes: &'a [Index],
-    rows: HashMap<String, Option<Box<[u8]>>>,
+    rows: HashMap<String, Option<Row>>,
+    /// As [`Pending::entries`].
+    entries: HashMap<(usize, Vec<u8>, String), Option<String>>,
     owners: HashMap<UniqueValue, Option<String>>,
     whole: bool,
     bytes: usize,
     max_bytes: usize,
 }
 
-impl<'a> Memory<'a> {
+/// A row's JSON and its non-unique index values (index position, encoded value).
+struct Row {
+    json: Box<[u8]>,
+    plain: Vec<(usize, Box<[u8]>)>,
+}
+
+impl<'a> Overlay<'a> {
     fn new(store: &'a Store, view: &'a str, indexes: &'a [Index], max_bytes: usize) -> Self {
         Self {
             store,
             view,
             indexes,
             rows: HashMap::new(),
+            entries: HashMap::new(),
             owners: HashMap::new(),
             whole: true,
             bytes: 0,
@@ -240,40 +270,100 @@ impl<'a> Memory<'a> {
         }
     }
 
-    /// Takes in a batch's rows and owners. Call it only once every batch before that one
-    /// is committed: when full, it forgets everything, and the store must then answer
-    /// for what it held.
-    fn remember(&mut self, rows: Vec<(String, Option<Vec<u8>>)>, owners: Vec<(UniqueValue, Option<String>)>) {
+    /// Takes in the changes of a batch.
+    fn take(&mut self, pending: Pending) {
         /// Hash map and allocation overhead per entry, roughly.
         const ENTRY: usize = 64;
-        if self.bytes > self.max_bytes {
-            tracing::debug!(bytes = self.bytes, "rebuild memory full: forgetting it");
-            self.rows.clear();
-            self.owners.clear();
-            self.bytes = 0;
-            self.whole = false;
-        }
-        for (key, json) in rows {
-            let size = ENTRY + key.len();
-            self.bytes += size + json.as_ref().map_or(0, Vec::len);
-            if let Some(old) = self.rows.insert(key, json.map(Vec::into_boxed_slice)) {
-                self.bytes -= size + old.map_or(0, |j| j.len());
+        for (key, doc) in pending.rows {
+            let row = doc.map(|doc| Row {
+                json: serde_json::to_vec(&doc)
+                    .expect("JSON values serialize")
+                    .into_boxed_slice(),
+                plain: if self.whole {
+                    self.plain_values(&key, &doc)
+                } else {
+                    Vec::new()
+                },
+            });
+            let size = |r: &Option<Row>| {
+                r.as_ref().map_or(0, |r| {
+                    r.json.len() + r.plain.iter().map(|(_, v)| ENTRY / 2 + v.len()).sum::<usize>()
+                })
+            };
+            self.bytes += ENTRY + key.len() + size(&row);
+            if let Some(old) = self.rows.insert(key, row) {
+                self.bytes -= ENTRY + size(&old);
             }
         }
-        for ((i, value), key) in owners {
-            let size = ENTRY + value.len();
-            self.bytes += size + key.as_ref().map_or(0, String::len);
-            if let Some(old) = self.owners.insert((i, value), key) {
-                self.bytes -= size + old.map_or(0, |k| k.len());
+        let len = |k: &Option<String>| k.as_ref().map_or(0, String::len);
+        for (entry, row) in pending.entries {
+            let size = ENTRY + entry.1.len() + entry.2.len();
+            self.bytes += size + len(&row);
+            if let Some(old) = self.entries.insert(entry, row) {
+                self.bytes -= size + len(&old);
+            }
+        }
+        for (owner, key) in pending.owners {
+            let size = ENTRY + owner.1.len();
+            self.bytes += size + len(&key);
+            if let Some(old) = self.owners.insert(owner, key) {
+                self.bytes -= size + len(&old);
             }
         }
     }
+
+    /// The encoded values of `doc`'s non-unique index fields (a value of the wrong type
+    /// is not indexed, as in [`Worker::change`]).
+    fn plain_values(&self, key: &str, doc: &Value) -> Vec<(usize, Box<[u8]>)> {
+        let mut out = Vec::new();
+        for (i, idx) in self.indexes.iter().enumerate().filter(|(_, idx)| !idx.unique) {
+            match idx.extract(doc) {
+                Ok(Some(v)) => out.push((i, encode_value(&v).into_boxed_slice())),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(view = self.view, key, error = %e, "row value not indexed"),
+            }
+        }
+        out
+    }
+
+    /// Everything held, to write, and whether it replaces all the view held before (the
+    /// first spill); the overlay is left empty and no longer whole.
+    fn spill(&mut self) -> (ViewWrite, bool) {
+        let whole = self.whole;
+        let plain = self.indexes.iter().filter(|i| !i.unique).count();
+        let mut write =
+            ViewWrite::with_capacity(self.view, self.rows.len(), self.rows.len() * plain + self.entries.len());
+        for (key, row) in self.rows.drain() {
+            match row {
+                Some(Row { json, plain }) => {
+                    for (i, value) in plain {
+                        write.put_entry(self.indexes[i].name, &value, &key, false);
+                    }
+                    write.put_row(&key, &json);
+                }
+                None if whole => {}
+                None => write.delete_row(&key),
+            }
+        }
+        for ((i, value, entry), row) in self.entries.drain() {
+            let idx = &self.indexes[i];
+            match row {
+                Some(key) => write.put_entry(idx.name, &value, &key, idx.unique),
+                None if whole => {}
+                None => write.delete_entry(idx.name, &value, &entry, idx.unique),
+            }
+        }
+        self.owners.clear();
+        self.bytes = 0;
+        self.whole = false;
+        (write, whole)
+    }
 }
 
-impl Committed for Memory<'_> {
+impl Committed for Overlay<'_> {
     fn row(&self, key: &str) -> Result<Option<Value>> {
         match self.rows.get(key) {
-            Some(Some(json)) => parse_row(self.view, key, json).map(Some),
+            Some(Some(row)) => parse_row(self.view, key, &row.json).map(Some),
             Some(None) => Ok(None),
             None if self.whole => Ok(None),
             None => super::load_row(self.store, self.view, key),
