@@ -76,14 +76,17 @@ pub struct ViewOptions {
     /// Most index entries a query examines before it returns a short page with a cursor
     /// (10,000); bounds the work of post-filters.
     pub max_scanned: usize,
-    /// [`rebuild`]: most source events read, applied and committed as one store batch
-    /// (16,384). Larger batches amortize the commit and let a row changed twice within
-    /// one batch be written once.
+    /// [`rebuild`]: most source events read and applied as one chunk (16,384).
     pub rebuild_batch_events: usize,
-    /// [`rebuild`]: bytes of rows (keys and JSON) and unique-index owners kept in memory
-    /// across batches (256 MiB), so the rebuild reads what it wrote from memory instead
-    /// of the store. Past it the memory is dropped and later misses read the store.
+    /// [`rebuild`]: bytes of the view (rows as JSON, index entries, unique-index owners)
+    /// built in memory before it is written to the store (256 MiB, shared by the
+    /// threads). A view that fits is written once, sorted; past it the memory is written
+    /// early and the rebuild goes on over the store, slower.
     pub rebuild_cache_bytes: usize,
+    /// [`rebuild`]: threads applying events, each for its own partitions (the machine's
+    /// available parallelism). Only partitioned views use more than one: the rows of a
+    /// replicated view may come from any partition.
+    pub rebuild_threads: usize,
 }
 
 impl Default for ViewOptions {
@@ -95,6 +98,7 @@ impl Default for ViewOptions {
             max_scanned: 10_000,
             rebuild_batch_events: 16_384,
             rebuild_cache_bytes: 256 << 20,
+            rebuild_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }

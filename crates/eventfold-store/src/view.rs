@@ -156,6 +156,13 @@ impl ViewWrite {
         }
     }
 
+    /// Moves the writes of `other` (for the same view) into this one.
+    pub fn append(&mut self, other: ViewWrite) {
+        assert_eq!(self.view, other.view, "writes of one view");
+        self.rows.extend(other.rows);
+        self.entries.extend(other.entries);
+    }
+
     /// Sets row `key` to the JSON document `json`.
     pub fn put_row(&mut self, key: &str, json: &[u8]) {
         self.rows.push((row_key(&self.view, key), Some(frame(json))));

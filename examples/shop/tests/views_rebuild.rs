@@ -293,8 +293,9 @@ async fn send(runtime: &Runtime, ty: &str, id: &str, body: Value) -> Option<Posi
 
 /// A rebuilt view is stored byte for byte like the live one built from the same events:
 /// rows, index entries (a unique index with conflicts included) and checkpoints. Also
-/// with tiny batches and a rebuild memory that overflows at every batch, so rows are read
-/// back from the store while the batch before is committing.
+/// with tiny batches, a rebuild memory that overflows at every batch (so every batch is
+/// written early and rows are read back from the store), and three threads over four
+/// partitions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuilt_view_is_stored_exactly_like_the_live_one() {
     const PARTITIONS: u32 = 4;
@@ -386,6 +387,7 @@ async fn a_rebuilt_view_is_stored_exactly_like_the_live_one() {
     let tight = ViewOptions {
         rebuild_batch_events: 7,
         rebuild_cache_bytes: 0,
+        rebuild_threads: 3,
         ..Default::default()
     };
     for options in [ViewOptions::default(), tight] {

@@ -23,14 +23,14 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::service::Topics;
-use crate::view::{ViewOptions, storage_name};
-use eventfold_core::{Aggregate, Index, Projection};
+use crate::view::{ViewOptions, ViewService, storage_name};
+use eventfold_core::{Aggregate, Projection, Scope};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Store, ViewWrite, encode_value, view_checkpoint_key};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -88,60 +88,76 @@ pub async fn rebuild<P: Projection>(
         reason,
     };
 
-    let (tx, mut rx) = mpsc::channel(2);
-    let reader = tokio::spawn(read::<P>(
-        log.clone(),
-        source.events.clone(),
-        ends,
-        options.rebuild_batch_events.max(1),
-        tx,
-    ));
-    let workers: Vec<Worker<P>> = (0..log.partitions())
-        .map(|p| Worker {
-            projection: projection.clone(),
-            svc: svc.clone(),
-            log: log.clone(),
-            partition: p,
-            partitions: log.partitions(),
-            next: 0,
-        })
-        .collect();
-    let mut overlay = Overlay::new(&store, &storage, &svc.indexes, options.rebuild_cache_bytes);
-    let mut checkpoints = vec![None; log.partitions() as usize];
-    let (mut applied, mut cleared) = (0, 0);
-    while let Some(chunk) = rx.recv().await {
-        let Chunk {
-            partition,
-            events,
-            next,
-        } = chunk.map_err(|(p, e)| failed(p, e))?;
-        let mut pending = Pending {
-            derive_plain_entries: overlay.whole,
-            ..Default::default()
+    // Partitions are folded by `threads` blocking threads (partition p by thread p mod
+    // threads), each fed by its own reader task.
+    let partitions = log.partitions();
+    let threads = match P::SCOPE {
+        Scope::Partitioned => options.rebuild_threads.clamp(1, partitions.max(1) as usize),
+        Scope::Replicated => 1,
+    };
+    let applied = Arc::new(AtomicU64::new(0));
+    let replaced = Arc::new(Mutex::new(false));
+    let mut folds = Vec::new();
+    let mut readers = Vec::new();
+    for t in 0..threads {
+        let (tx, rx) = mpsc::channel(2);
+        let mine: Vec<(u32, u64)> = (0..partitions)
+            .filter(|p| *p as usize % threads == t)
+            .map(|p| (p, ends[p as usize]))
+            .collect();
+        readers.push(tokio::spawn(read::<P>(
+            log.clone(),
+            source.events.clone(),
+            mine,
+            options.rebuild_batch_events.max(1),
+            tx,
+        )));
+        let folder = Folder {
+            workers: (0..partitions)
+                .map(|p| Worker {
+                    projection: projection.clone(),
+                    svc: svc.clone(),
+                    log: log.clone(),
+                    partition: p,
+                    partitions,
+                    next: 0,
+                })
+                .collect(),
+            overlay: Overlay::new(store.clone(), svc.clone(), options.rebuild_cache_bytes / threads),
+            topic: source.events.clone(),
+            applied: applied.clone(),
+            replaced: replaced.clone(),
         };
-        workers[partition as usize]
-            .fold(&mut pending, &source.events, &events, &overlay)
-            .map_err(|e| failed(partition, e))?;
-        overlay.take(pending);
-        checkpoints[partition as usize] = Some(next);
-        applied += events.len() as u64;
-        // Dropped off this thread: freeing a chunk's records costs as much as reading them.
-        tokio::task::spawn_blocking(move || drop(events));
-        if overlay.bytes > overlay.max_bytes {
-            tracing::debug!(bytes = overlay.bytes, "rebuild memory full: writing it to the store");
-            cleared += ingest(&store, overlay.spill())
-                .await
-                .map_err(|e| failed(partition, e))?;
-        }
-        progress(applied, total);
+        folds.push(tokio::task::spawn_blocking(move || folder.run(rx)));
     }
-    reader
-        .await
-        .map_err(|e| failed(0, format!("the reader task failed: {e}")))?;
-    let rows = overlay
-        .whole
-        .then(|| overlay.rows.values().filter(|r| r.is_some()).count() as u64);
-    cleared += ingest(&store, overlay.spill()).await.map_err(|e| failed(0, e))?;
+    while !folds.iter().all(|f| f.is_finished()) {
+        progress(applied.load(Ordering::Relaxed), total);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut write = ViewWrite::with_capacity(&storage, 0, 0);
+    let (mut rows, mut cleared) = (Some(0), 0);
+    let mut checkpoints = vec![None; partitions as usize];
+    for fold in folds {
+        let folded = fold
+            .await
+            .map_err(|e| failed(0, format!("the rebuild thread failed: {e}")))?
+            .map_err(|(p, e)| failed(p, e))?;
+        write.append(folded.write);
+        rows = rows.zip(folded.rows).map(|(a, b)| a + b);
+        cleared += folded.cleared;
+        for (p, next) in folded.checkpoints.into_iter().enumerate() {
+            checkpoints[p] = checkpoints[p].or(next);
+        }
+    }
+    for reader in readers {
+        reader
+            .await
+            .map_err(|e| failed(0, format!("the reader task failed: {e}")))?;
+    }
+    let replace = !*replaced.lock().expect("not poisoned");
+    cleared += ingest(&store, (write, replace)).await.map_err(|e| failed(0, e))?;
+    let applied = applied.load(Ordering::Relaxed);
+    progress(applied, total);
     // Ingested data is durable: the checkpoints and the marker's removal go together.
     let mut b = Batch::new();
     for (p, next) in checkpoints.into_iter().enumerate() {
@@ -166,6 +182,79 @@ pub async fn rebuild<P: Projection>(
     })
 }
 
+/// One rebuild thread: folds the chunks of its partitions into its overlay.
+struct Folder<P: Projection> {
+    /// One per partition of the source (only this thread's are used).
+    workers: Vec<Worker<P>>,
+    overlay: Overlay,
+    topic: Arc<str>,
+    /// Events applied, by all threads.
+    applied: Arc<AtomicU64>,
+    /// Whether a spill has replaced the view's old data (the first one does); held while
+    /// a thread spills, so that first spill ends before any other starts.
+    replaced: Arc<Mutex<bool>>,
+}
+
+/// What a rebuild thread leaves to write.
+struct Folded {
+    /// Its overlay, spilled: written by the caller with every thread's.
+    write: ViewWrite,
+    /// Rows it holds, when it never spilled early (else the store must count them).
+    rows: Option<u64>,
+    /// Keys of the old view replaced by its early spills.
+    cleared: u64,
+    /// Next offset of each of its partitions (`None`: not its own, or empty).
+    checkpoints: Vec<Option<u64>>,
+}
+
+impl<P: Projection> Folder<P> {
+    fn run(mut self, mut rx: mpsc::Receiver<ReadResult<SourceEvent<P>>>) -> Result<Folded, (u32, String)> {
+        let mut checkpoints = vec![None; self.workers.len()];
+        let mut cleared = 0;
+        while let Some(chunk) = rx.blocking_recv() {
+            let Chunk {
+                partition,
+                events,
+                next,
+            } = chunk?;
+            let mut pending = Pending {
+                derive_plain_entries: self.overlay.whole,
+                ..Default::default()
+            };
+            self.workers[partition as usize]
+                .fold(&mut pending, &self.topic, &events, &self.overlay)
+                .map_err(|e| (partition, e))?;
+            self.overlay.take(pending);
+            checkpoints[partition as usize] = Some(next);
+            self.applied.fetch_add(events.len() as u64, Ordering::Relaxed);
+            if self.overlay.bytes > self.overlay.max_bytes {
+                tracing::debug!(
+                    bytes = self.overlay.bytes,
+                    "rebuild memory full: writing it to the store"
+                );
+                let mut replaced = self.replaced.lock().expect("not poisoned");
+                let write = self.overlay.spill();
+                cleared += self
+                    .overlay
+                    .store
+                    .ingest_view(write, !*replaced)
+                    .map_err(|e| (partition, format!("cannot write to the store: {e}")))?;
+                *replaced = true;
+            }
+        }
+        let rows = self
+            .overlay
+            .whole
+            .then(|| self.overlay.rows.values().filter(|r| r.is_some()).count() as u64);
+        Ok(Folded {
+            write: self.overlay.spill(),
+            rows,
+            cleared,
+            checkpoints,
+        })
+    }
+}
+
 /// Writes a spill with [`Store::ingest_view`] on a blocking thread; returns how many
 /// keys of the view were stored before, when the spill replaces them.
 async fn ingest(store: &Store, (write, replace): (ViewWrite, bool)) -> Result<u64, String> {
@@ -187,18 +276,17 @@ struct Chunk<E> {
 /// A chunk read, or why reading stopped (with the partition).
 type ReadResult<E> = Result<Chunk<E>, (u32, String)>;
 
-/// Reads every partition of `topic` from 0 up to its end in `ends`, `max` records at a
+/// Reads each partition of `topic` in `ends` from 0 up to its end, `max` records at a
 /// time, decodes them and sends them on; an error ends the reading (sent as the last
 /// item, with the partition it concerns).
 async fn read<P: Projection>(
     log: Arc<dyn Log>,
     topic: Arc<str>,
-    ends: Vec<u64>,
+    ends: Vec<(u32, u64)>,
     max: usize,
     tx: mpsc::Sender<ReadResult<SourceEvent<P>>>,
 ) {
-    for (p, end) in ends.into_iter().enumerate() {
-        let p = p as u32;
+    for (p, end) in ends {
         let mut next = 0;
         while next < end {
             let want = max.min((end - next).try_into().unwrap_or(usize::MAX));
@@ -236,10 +324,9 @@ async fn read<P: Projection>(
 /// not exist (the view was cleared), deletes need no tombstone, and the entries of
 /// non-unique indexes are derived from the rows when written. After a spill, missing
 /// rows and owners are read from the store and every entry change is kept.
-struct Overlay<'a> {
-    store: &'a Store,
-    view: &'a str,
-    indexes: &'a [Index],
+struct Overlay {
+    store: Store,
+    svc: Arc<ViewService>,
     rows: HashMap<String, Option<Row>>,
     /// As [`Pending::entries`].
     entries: HashMap<(usize, Vec<u8>, String), Option<String>>,
@@ -255,12 +342,11 @@ struct Row {
     plain: Vec<(usize, Box<[u8]>)>,
 }
 
-impl<'a> Overlay<'a> {
-    fn new(store: &'a Store, view: &'a str, indexes: &'a [Index], max_bytes: usize) -> Self {
+impl Overlay {
+    fn new(store: Store, svc: Arc<ViewService>, max_bytes: usize) -> Self {
         Self {
             store,
-            view,
-            indexes,
+            svc,
             rows: HashMap::new(),
             entries: HashMap::new(),
             owners: HashMap::new(),
@@ -316,28 +402,30 @@ impl<'a> Overlay<'a> {
     /// is not indexed, as in [`Worker::change`]).
     fn plain_values(&self, key: &str, doc: &Value) -> Vec<(usize, Box<[u8]>)> {
         let mut out = Vec::new();
-        for (i, idx) in self.indexes.iter().enumerate().filter(|(_, idx)| !idx.unique) {
+        for (i, idx) in self.svc.indexes.iter().enumerate().filter(|(_, idx)| !idx.unique) {
             match idx.extract(doc) {
                 Ok(Some(v)) => out.push((i, encode_value(&v).into_boxed_slice())),
                 Ok(None) => {}
-                Err(e) => tracing::warn!(view = self.view, key, error = %e, "row value not indexed"),
+                Err(e) => tracing::warn!(view = self.svc.storage.as_str(), key, error = %e, "row value not indexed"),
             }
         }
         out
     }
 
-    /// Everything held, to write, and whether it replaces all the view held before (the
-    /// first spill); the overlay is left empty and no longer whole.
-    fn spill(&mut self) -> (ViewWrite, bool) {
+    /// Everything held, to write; the overlay is left empty and no longer whole.
+    fn spill(&mut self) -> ViewWrite {
         let whole = self.whole;
-        let plain = self.indexes.iter().filter(|i| !i.unique).count();
-        let mut write =
-            ViewWrite::with_capacity(self.view, self.rows.len(), self.rows.len() * plain + self.entries.len());
+        let plain = self.svc.indexes.iter().filter(|i| !i.unique).count();
+        let mut write = ViewWrite::with_capacity(
+            &self.svc.storage,
+            self.rows.len(),
+            self.rows.len() * plain + self.entries.len(),
+        );
         for (key, row) in self.rows.drain() {
             match row {
                 Some(Row { json, plain }) => {
                     for (i, value) in plain {
-                        write.put_entry(self.indexes[i].name, &value, &key, false);
+                        write.put_entry(self.svc.indexes[i].name, &value, &key, false);
                     }
                     write.put_row(&key, &json);
                 }
@@ -346,7 +434,7 @@ impl<'a> Overlay<'a> {
             }
         }
         for ((i, value, entry), row) in self.entries.drain() {
-            let idx = &self.indexes[i];
+            let idx = &self.svc.indexes[i];
             match row {
                 Some(key) => write.put_entry(idx.name, &value, &key, idx.unique),
                 None if whole => {}
@@ -356,17 +444,17 @@ impl<'a> Overlay<'a> {
         self.owners.clear();
         self.bytes = 0;
         self.whole = false;
-        (write, whole)
+        write
     }
 }
 
-impl Committed for Overlay<'_> {
+impl Committed for Overlay {
     fn row(&self, key: &str) -> Result<Option<Value>> {
         match self.rows.get(key) {
-            Some(Some(row)) => parse_row(self.view, key, &row.json).map(Some),
+            Some(Some(row)) => parse_row(&self.svc.storage, key, &row.json).map(Some),
             Some(None) => Ok(None),
             None if self.whole => Ok(None),
-            None => super::load_row(self.store, self.view, key),
+            None => super::load_row(&self.store, &self.svc.storage, key),
         }
     }
 
@@ -374,7 +462,9 @@ impl Committed for Overlay<'_> {
         match self.owners.get(&(index, value.to_vec())) {
             Some(o) => Ok(o.clone()),
             None if self.whole => Ok(None),
-            None => Ok(self.store.get_view_unique(self.view, self.indexes[index].name, value)?),
+            None => Ok(self
+                .store
+                .get_view_unique(&self.svc.storage, self.svc.indexes[index].name, value)?),
         }
     }
 }
