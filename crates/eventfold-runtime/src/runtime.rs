@@ -46,6 +46,10 @@ pub struct RuntimeOptions {
     /// Batches per partition whose commit may be under way at once (4): processing of
     /// the next batch overlaps with the fsync of the previous ones.
     pub max_inflight_commits: usize,
+    /// Kafka mode: a changelog span at least this long (records of one events or state
+    /// partition not in the local store yet, e.g. on a new instance) is restored by bulk
+    /// ingestion into the store instead of through its journal (50,000).
+    pub restore_bulk_min_records: u64,
 }
 
 impl Default for RuntimeOptions {
@@ -62,6 +66,7 @@ impl Default for RuntimeOptions {
             dedup_sweep_every: Duration::from_secs(60),
             cache_limit: 100_000,
             max_inflight_commits: 4,
+            restore_bulk_min_records: 50_000,
         }
     }
 }
@@ -367,6 +372,7 @@ fn start<A: Aggregate>(
             cache_limit: options.cache_limit,
             max_inflight: options.max_inflight_commits.max(1),
             group: options.app_id.clone(),
+            bulk_min_records: options.restore_bulk_min_records,
         };
         let mut processor = Processor::new(
             cfg,

@@ -85,8 +85,14 @@ pub struct ViewOptions {
     pub rebuild_cache_bytes: usize,
     /// [`rebuild`]: threads applying events, each for its own partitions (the machine's
     /// available parallelism). Only partitioned views use more than one: the rows of a
-    /// replicated view may come from any partition.
+    /// replicated view may come from any partition. Also how many partitions of a live
+    /// view catch up in bulk at once.
     pub rebuild_threads: usize,
+    /// A partition of a live partitioned view with no checkpoint (a new instance, a new
+    /// projection version) and at least this many source events to apply catches up in
+    /// bulk, like a rebuild (50,000): in memory (its share of `rebuild_cache_bytes`),
+    /// written once by ingestion, its checkpoint last; its rows appear when it is done.
+    pub bulk_catch_up_min_events: u64,
 }
 
 impl Default for ViewOptions {
@@ -99,6 +105,7 @@ impl Default for ViewOptions {
             rebuild_batch_events: 16_384,
             rebuild_cache_bytes: 256 << 20,
             rebuild_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            bulk_catch_up_min_events: 50_000,
         }
     }
 }
@@ -245,6 +252,8 @@ pub struct ViewService {
     options: ViewOptions,
     partitions: Vec<PartitionProgress>,
     unique_conflicts: Vec<AtomicU64>,
+    /// Partitions catching up in bulk at once (`rebuild_threads`).
+    bulk: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for ViewService {
@@ -702,6 +711,7 @@ fn service<P: Projection>(
         store,
         options: options.clone(),
         partitions,
+        bulk: Arc::new(tokio::sync::Semaphore::new(options.rebuild_threads.max(1))),
     });
     (svc, projection, starts)
 }
@@ -719,6 +729,13 @@ pub fn storage_name(view: &str, version: u32) -> String {
 /// The meta entry holding the version of `view` that answers queries.
 pub fn serving_version_key(view: &str) -> String {
     format!("view_version/{view}")
+}
+
+/// The meta entry present while partition `partition` of the view stored as `storage`
+/// catches up in bulk (or was interrupted doing so: its rows are then removed before it
+/// starts again).
+fn bulk_marker_key(storage: &str, partition: u32) -> String {
+    format!("view_bulk/{storage}/{partition}")
 }
 
 /// The meta entry present while a rebuild of the view stored as `storage` is under way
@@ -950,6 +967,18 @@ impl<P: Projection> Worker<P> {
                     }
                 };
                 progress.target.store(target, Ordering::Release);
+                if svc.scope == Scope::Partitioned {
+                    match self.bulk_catch_up(&topic, target).await {
+                        Ok(true) => {}
+                        Ok(false) => continue, // retired, or the partition moved away
+                        Err(Step::Read(e)) => {
+                            tracing::warn!(view = P::VIEW, partition = self.partition, error = %e, "bulk catch-up: read failed; retrying");
+                            tokio::time::sleep(self.svc.options.poll_interval.max(Duration::from_millis(500))).await;
+                            continue;
+                        }
+                        Err(Step::Fatal(e)) => return self.fail(e),
+                    }
+                }
                 serving = true;
                 if svc.scope == Scope::Partitioned {
                     tracing::info!(
@@ -1006,6 +1035,137 @@ impl<P: Projection> Worker<P> {
                 }
                 _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
             }
+        }
+    }
+
+    /// Catches this partition of a partitioned view up to `target` like an offline
+    /// rebuild, when it has no checkpoint (so no rows of its own: the view is partitioned)
+    /// and at least `bulk_catch_up_min_events` to apply: folds the events in memory
+    /// ([`offline::Overlay`], on blocking threads), writes the rows and entries by
+    /// ingestion, then the checkpoint. A durable marker covers the partition meanwhile:
+    /// found at the next start (a crash, or the partition moved away), the rows written so
+    /// far are removed and the catch-up starts over. Returns false, with `next`
+    /// unchanged, when the view retires or the partition moves away midway.
+    async fn bulk_catch_up(&mut self, topic: &Arc<str>, target: u64) -> Result<bool, Step> {
+        let store = self.log.store().clone();
+        let marker = bulk_marker_key(&self.svc.storage, self.partition);
+        let blocking = |f: Box<dyn FnOnce() -> eventfold_store::Result<()> + Send>| async move {
+            match tokio::task::spawn_blocking(f).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(Step::Fatal(format!("bulk catch-up: {e}"))),
+                Err(e) => Err(Step::Fatal(format!("bulk catch-up task failed: {e}"))),
+            }
+        };
+        let interrupted = store
+            .get_meta(&marker)
+            .map_err(|e| Step::Fatal(format!("cannot read {marker}: {e}")))?
+            .is_some();
+        let checkpoint = view_checkpoint_key(&self.svc.storage, topic, self.partition);
+        if interrupted {
+            let (s, view, (p, n)) = (
+                store.clone(),
+                self.svc.storage.clone(),
+                (self.partition, self.partitions),
+            );
+            let (marker, checkpoint) = (marker.clone(), checkpoint.clone());
+            blocking(Box::new(move || {
+                let removed = s.clear_view_rows(&view, &|key| partition_for(key.as_bytes(), n) == p)?;
+                tracing::warn!(view = %view, partition = p, removed, "removed the rows of an interrupted bulk catch-up");
+                let mut b = Batch::new();
+                b.delete_meta(&checkpoint);
+                b.delete_meta(&marker);
+                s.commit(b, true)
+            }))
+            .await?;
+            self.next = 0;
+            self.svc.partitions[self.partition as usize].applied.send_replace(0);
+        }
+        let min = self.svc.options.bulk_catch_up_min_events;
+        if self.next != 0 || target < min.max(1) {
+            return Ok(true);
+        }
+        let _permit = self.svc.bulk.clone().acquire_owned().await.expect("never closed");
+        let started = std::time::Instant::now();
+        let (s, m) = (store.clone(), marker.clone());
+        blocking(Box::new(move || {
+            let mut b = Batch::new();
+            b.put_meta(&m, 1);
+            s.commit(b, true)
+        }))
+        .await?;
+        let share = self.svc.options.rebuild_cache_bytes / self.svc.options.rebuild_threads.max(1);
+        let mut overlay = Some(offline::Overlay::new(store.clone(), self.svc.clone(), share));
+        let mut next = 0;
+        let max = self.svc.options.rebuild_batch_events.max(1);
+        while next < target {
+            if self.svc.retired.load(Ordering::Acquire) || !self.svc.is_local(self.partition) {
+                return Ok(false); // the marker stays: the next start removes what was written
+            }
+            let records = self
+                .log
+                .read(topic, self.partition, next, max)
+                .await
+                .map_err(|e| Step::Read(format!("cannot read {topic}/{}: {e}", self.partition)))?;
+            let Some(last) = records.last().map(|(o, _)| *o) else {
+                break; // only offsets without records are left (Kafka's transaction markers)
+            };
+            let events = decode::<P>(topic, self.partition, records).map_err(Step::Fatal)?;
+            let worker = self.handle();
+            let mut o = overlay.take().expect("put back after each chunk");
+            let topic = topic.clone();
+            let (o, folded) = tokio::task::spawn_blocking(move || {
+                let mut pending = Pending {
+                    derive_plain_entries: o.whole,
+                    ..Default::default()
+                };
+                let folded = worker.fold(&mut pending, &topic, &events, &o);
+                if folded.is_ok() {
+                    o.take(pending);
+                }
+                (o, folded)
+            })
+            .await
+            .map_err(|e| Step::Fatal(format!("bulk catch-up task failed: {e}")))?;
+            folded.map_err(Step::Fatal)?;
+            next = last + 1;
+            overlay = Some(o);
+            let o = overlay.as_mut().expect("just put back");
+            if o.bytes > o.max_bytes {
+                let (s, write) = (store.clone(), o.spill());
+                blocking(Box::new(move || s.ingest_view(write, false).map(drop))).await?;
+            }
+        }
+        let write = overlay.as_mut().expect("put back after each chunk").spill();
+        let s = store.clone();
+        blocking(Box::new(move || {
+            s.ingest_view(write, false)?;
+            let mut b = Batch::new();
+            b.put_meta(&checkpoint, next);
+            b.delete_meta(&marker);
+            s.commit(b, true)
+        }))
+        .await?;
+        tracing::info!(
+            view = P::VIEW,
+            partition = self.partition,
+            events = next,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "view partition caught up in bulk"
+        );
+        self.next = next;
+        self.svc.partitions[self.partition as usize].applied.send_replace(next);
+        Ok(true)
+    }
+
+    /// A copy of this worker for a blocking thread (its checkpoint is not shared).
+    fn handle(&self) -> Worker<P> {
+        Worker {
+            projection: self.projection.clone(),
+            svc: self.svc.clone(),
+            log: self.log.clone(),
+            partition: self.partition,
+            partitions: self.partitions,
+            next: self.next,
         }
     }
 

@@ -372,6 +372,32 @@ impl Store {
         Ok(deleted)
     }
 
+    /// Deletes the rows of `view` whose key `doomed` picks, with their index entries (found
+    /// through the row key they name), as ingested tombstones; returns how many keys were
+    /// deleted. One pass over the whole view: for repairs, not for the hot path.
+    pub fn clear_view_rows(&self, view: &str, doomed: &(dyn Fn(&str) -> bool + Sync)) -> Result<u64> {
+        check_name("view", view)?;
+        let snapshot = self.snapshot();
+        let prefix = key2(view.as_bytes(), b"");
+        let end = prefix_end(&prefix);
+        let mut b = Batch::new();
+        for kv in snapshot.range(self.table(Table::ViewRow), prefix.clone()..end.clone()) {
+            let k = kv.key()?;
+            if doomed(&String::from_utf8_lossy(&k[prefix.len()..])) {
+                b.delete(Table::ViewRow, k.to_vec());
+            }
+        }
+        for kv in snapshot.range(self.table(Table::ViewIndex), prefix..end) {
+            let (k, v) = kv.into_inner()?;
+            if doomed(&decode_key(&k, &v)?) {
+                b.delete(Table::ViewIndex, k.to_vec());
+            }
+        }
+        let deleted = b.len() as u64;
+        self.ingest(b)?;
+        Ok(deleted)
+    }
+
     /// Every stored entry of `view` as `(table, key, value)`, raw (values framed):
     /// checkpoints, then index entries, then rows, each in key order. For tests and
     /// tools comparing two copies of a view byte for byte.
@@ -872,6 +898,32 @@ mod tests {
         w.put_row("k1", b"{}");
         w.delete_row("k1");
         assert!(s.ingest_view(w, false).is_err(), "a key written twice is refused");
+    }
+
+    #[test]
+    fn clear_view_rows_deletes_the_chosen_rows_and_their_entries() {
+        let (_dir, s) = temp();
+        let mut b = Batch::new();
+        for view in ["v", "v2"] {
+            for i in 0..10 {
+                let key = format!("k{i}");
+                b.put_view_row(view, &key, b"{}");
+                b.put_view_entry(view, "n", &encode_value(&IndexValue::Int(i % 3)), &key, false);
+                b.put_view_entry(view, "u", &encode_value(&IndexValue::Int(i)), &key, true);
+            }
+        }
+        s.commit(b, false).unwrap();
+        let even = |k: &str| k[1..].parse::<u32>().unwrap() % 2 == 0;
+        assert_eq!(s.clear_view_rows("v", &even).unwrap(), 15, "5 rows, 10 entries");
+        let scan = Scan {
+            limit: 100,
+            max_scanned: 100,
+            ..Default::default()
+        };
+        assert_eq!(all(&s, "v", None, scan.clone()), ["k1", "k3", "k5", "k7", "k9"]);
+        assert_eq!(all(&s, "v", Some("n"), scan.clone()), ["k3", "k9", "k1", "k7", "k5"]);
+        assert_eq!(all(&s, "v", Some("u"), scan.clone()), ["k1", "k3", "k5", "k7", "k9"]);
+        assert_eq!(all(&s, "v2", None, scan).len(), 10, "the other view is untouched");
     }
 
     #[test]

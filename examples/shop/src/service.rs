@@ -57,6 +57,12 @@ pub struct ServeOptions {
     /// Seconds a command may wait for its outcome before 504.
     #[arg(long, env = "EVENTFOLD_COMMAND_TIMEOUT_SECS", default_value_t = 10)]
     pub command_timeout_secs: u64,
+    /// How far behind a partition must start to catch up in bulk (written straight into
+    /// the store's table files, several times faster): the changelog replay of a command
+    /// partition in Kafka mode (records), and a partitioned view partition starting with
+    /// no checkpoint (events; its rows appear when it is done).
+    #[arg(long, env = "EVENTFOLD_BULK_MIN_RECORDS", default_value_t = 50_000)]
+    pub bulk_min_records: u64,
     /// Disable fsync of commits. Unsafe: only for throwaway benchmarks.
     #[arg(long, env = "EVENTFOLD_NO_FSYNC")]
     pub no_fsync: bool,
@@ -224,6 +230,7 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         instance_id: opts.instance_id.clone(),
         dedup_window: Duration::from_secs(opts.dedup_window_secs),
         command_timeout: Duration::from_secs(opts.command_timeout_secs),
+        restore_bulk_min_records: opts.bulk_min_records,
         ..Default::default()
     };
     let advertised = opts
@@ -259,6 +266,10 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         .aggregate::<Customer>(())
         .view::<OrdersView>()
         .view::<CustomersView>()
+        .view_options(ViewOptions {
+            bulk_catch_up_min_events: opts.bulk_min_records,
+            ..Default::default()
+        })
         .build(log);
     let http = HttpOptions {
         max_body_bytes: opts.max_body_bytes,

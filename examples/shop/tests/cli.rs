@@ -75,6 +75,7 @@ fn rejects_bad_flags_with_clear_messages() {
         "--instance-id",
         "--dedup-window-secs",
         "--kafka-config",
+        "--bulk-min-records",
     ] {
         assert!(help.contains(flag), "--help documents {flag}");
     }

@@ -117,7 +117,9 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
         .collect();
     drop(shop1);
     let dir2 = tempfile::tempdir().unwrap();
-    let (_shop2, url, _) = start(dir2.path(), &flags);
+    // Everything restores in bulk (the changelogs, and the orders view's partitions).
+    let bulk = [&flags[..], &["--bulk-min-records", "1"]].concat();
+    let (_shop2, url, _) = start(dir2.path(), &bulk);
     // The views rebuild from the topics on the new machine: ready once caught up.
     ready(&url);
     assert_eq!(confirmed(&url, ""), 10, "the orders view rebuilt from the topic");

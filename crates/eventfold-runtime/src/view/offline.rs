@@ -324,16 +324,16 @@ async fn read<P: Projection>(
 /// not exist (the view was cleared), deletes need no tombstone, and the entries of
 /// non-unique indexes are derived from the rows when written. After a spill, missing
 /// rows and owners are read from the store and every entry change is kept.
-struct Overlay {
+pub(super) struct Overlay {
     store: Store,
     svc: Arc<ViewService>,
     rows: HashMap<String, Option<Row>>,
     /// As [`Pending::entries`].
     entries: HashMap<(usize, Vec<u8>, String), Option<String>>,
     owners: HashMap<UniqueValue, Option<String>>,
-    whole: bool,
-    bytes: usize,
-    max_bytes: usize,
+    pub(super) whole: bool,
+    pub(super) bytes: usize,
+    pub(super) max_bytes: usize,
 }
 
 /// A row's JSON and its non-unique index values (index position, encoded value).
@@ -343,7 +343,7 @@ struct Row {
 }
 
 impl Overlay {
-    fn new(store: Store, svc: Arc<ViewService>, max_bytes: usize) -> Self {
+    pub(super) fn new(store: Store, svc: Arc<ViewService>, max_bytes: usize) -> Self {
         Self {
             store,
             svc,
@@ -357,7 +357,7 @@ impl Overlay {
     }
 
     /// Takes in the changes of a batch.
-    fn take(&mut self, pending: Pending) {
+    pub(super) fn take(&mut self, pending: Pending) {
         /// Hash map and allocation overhead per entry, roughly.
         const ENTRY: usize = 64;
         for (key, doc) in pending.rows {
@@ -413,7 +413,7 @@ impl Overlay {
     }
 
     /// Everything held, to write; the overlay is left empty and no longer whole.
-    fn spill(&mut self) -> ViewWrite {
+    pub(super) fn spill(&mut self) -> ViewWrite {
         let whole = self.whole;
         let plain = self.svc.indexes.iter().filter(|i| !i.unique).count();
         let mut write = ViewWrite::with_capacity(
