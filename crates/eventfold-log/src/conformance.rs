@@ -54,6 +54,7 @@ pub async fn run_all(factory: &dyn Factory, prefix: &str) {
     appends_get_increasing_offsets_per_partition(factory, prefix).await;
     records_round_trip_with_headers_and_timestamps(factory, prefix).await;
     read_respects_from_and_max(factory, prefix).await;
+    chunked_reads_see_every_record_once(factory, prefix).await;
     consumed_offsets_are_committed_with_the_unit(factory, prefix).await;
     records_built_from_offsets_commit_with_the_unit(factory, prefix).await;
     local_changes_are_committed_with_the_unit(factory, prefix).await;
@@ -184,6 +185,63 @@ pub async fn read_respects_from_and_max(factory: &dyn Factory, prefix: &str) {
         log.read(&t, 0, end + 50, 4).await.unwrap().is_empty(),
         "read past the end"
     );
+}
+
+/// Reading a partition chunk by chunk (`from` = the offset after the last record read)
+/// returns every record exactly once and in order: one partition after the other, two at
+/// once, again from an earlier offset, and after more appends (Kafka readers keep their
+/// assignment between reads that continue one another).
+pub async fn chunked_reads_see_every_record_once(factory: &dyn Factory, prefix: &str) {
+    let log = factory.open().await;
+    let t = topic(prefix, "chunks");
+    let commit = |from: usize, to: usize| {
+        let appends = (from..to)
+            .flat_map(|i| {
+                [
+                    append(&t, 0, rec("a", &format!("a{i}"), 1)),
+                    append(&t, 1, rec("b", &format!("b{i}"), 1)),
+                ]
+            })
+            .collect();
+        log.commit(CommitUnit {
+            appends,
+            ..Default::default()
+        })
+    };
+    for (from, to) in [(0, 40), (40, 90), (90, 100)] {
+        commit(from, to).await.unwrap(); // several transactions: markers between records
+    }
+    let chunked = |p: u32, from: u64, chunk: usize| {
+        let (log, t) = (log.clone(), t.clone());
+        async move {
+            let (mut got, mut next) = (Vec::new(), from);
+            loop {
+                let records = log.read(&t, p, next, chunk).await.unwrap();
+                let Some((o, _)) = records.last() else {
+                    return got;
+                };
+                next = o + 1;
+                got.extend(values(&records));
+            }
+        }
+    };
+    let expect = |p: &str, from: usize, to: usize| (from..to).map(|i| format!("{p}{i}")).collect::<Vec<_>>();
+    assert_eq!(chunked(0, 0, 7).await, expect("a", 0, 100));
+    assert_eq!(chunked(1, 0, 9).await, expect("b", 0, 100));
+    // From the middle: a rewind for the reader that went on to the end.
+    let a50 = log.read(&t, 0, 0, 51).await.unwrap()[50].0;
+    assert_eq!(chunked(0, a50, 13).await, expect("a", 50, 100));
+    let (a, b) = tokio::join!(chunked(0, 0, 11), chunked(1, 0, 6));
+    assert_eq!((a, b), (expect("a", 0, 100), expect("b", 0, 100)), "two at once");
+    // A reader at the end sees what is appended after.
+    let ends = [
+        log.end_offset(&t, 0).await.unwrap(),
+        log.end_offset(&t, 1).await.unwrap(),
+    ];
+    assert!(log.read(&t, 0, ends[0], 5).await.unwrap().is_empty());
+    commit(100, 110).await.unwrap();
+    assert_eq!(chunked(0, ends[0], 4).await, expect("a", 100, 110));
+    assert_eq!(chunked(1, ends[1], 4).await, expect("b", 100, 110));
 }
 
 /// Consumed offsets commit with the unit.
