@@ -194,27 +194,41 @@ impl Store {
     /// ones); returns how many keys of the view were stored before (0 without `replace`).
     pub fn ingest_view(&self, write: ViewWrite, replace: bool) -> Result<u64> {
         check_name("view", &write.view)?;
-        let ViewWrite { view, rows, entries } = write;
+        let ViewWrite {
+            view,
+            mut rows,
+            mut entries,
+        } = write;
+        let prefix = key2(view.as_bytes(), b"");
+        let end = prefix_end(&prefix);
+        std::thread::scope(|scope| {
+            let sorting = scope.spawn(|| sort_unique(&mut rows));
+            let sorted = sort_unique(&mut entries);
+            sorting.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            sorted
+        })?;
+        // Entries, the most keys, are written as two key ranges at once.
+        let upper = entries.split_off(entries.len() / 2);
+        let mid = upper.first().map_or_else(|| end.clone(), |(k, _)| k.clone());
+        let parts = [
+            (Table::ViewRow, prefix.clone(), end.clone(), rows),
+            (Table::ViewIndex, prefix, mid.clone(), entries),
+            (Table::ViewIndex, mid, end, upper),
+        ];
         let snapshot = replace.then(|| self.snapshot());
         std::thread::scope(|scope| {
-            let tasks: Vec<_> = [(Table::ViewRow, rows), (Table::ViewIndex, entries)]
+            let tasks: Vec<_> = parts
                 .into_iter()
-                .map(|(table, mut ops)| {
-                    let (view, snapshot) = (&view, &snapshot);
+                .map(|(table, from, to, ops)| {
+                    let snapshot = &snapshot;
                     scope.spawn(move || -> Result<u64> {
-                        ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                        if let Some(w) = ops.windows(2).find(|w| w[0].0 == w[1].0) {
-                            return Err(Error::InvalidKey(format!("key {:?} written twice", w[0].0)));
-                        }
                         let keyspace = self.table(table);
                         let Some(snapshot) = snapshot else {
                             ingest_ordered(keyspace, ops.into_iter().map(Ok))?;
                             return Ok(0);
                         };
-                        let prefix = key2(view.as_bytes(), b"");
-                        let end = prefix_end(&prefix);
                         let mut old = snapshot
-                            .range(keyspace, prefix..end)
+                            .range(keyspace, from..to)
                             .map(|kv| kv.key().map(|k| k.to_vec()));
                         let mut stored = 0;
                         let merged = MergeOld {
@@ -237,6 +251,15 @@ impl Store {
             }
             Ok(stored)
         })
+    }
+}
+
+/// Sorts `ops` by key; a key written twice is an error.
+fn sort_unique(ops: &mut [KeyOp]) -> Result<()> {
+    ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    match ops.windows(2).find(|w| w[0].0 == w[1].0) {
+        Some(w) => Err(Error::InvalidKey(format!("key {:?} written twice", w[0].0))),
+        None => Ok(()),
     }
 }
 
