@@ -228,6 +228,10 @@ pub async fn chunked_reads_see_every_record_once(factory: &dyn Factory, prefix: 
     let expect = |p: &str, from: usize, to: usize| (from..to).map(|i| format!("{p}{i}")).collect::<Vec<_>>();
     assert_eq!(chunked(0, 0, 7).await, expect("a", 0, 100));
     assert_eq!(chunked(1, 0, 9).await, expect("b", 0, 100));
+    // The same record twice: the second read starts before where the first reader went.
+    let first = log.read(&t, 0, 0, 1).await.unwrap();
+    let again = log.read(&t, 0, 0, 1).await.unwrap();
+    assert_eq!((values(&first), values(&again)), (expect("a", 0, 1), expect("a", 0, 1)));
     // From the middle: a rewind for the reader that went on to the end.
     let a50 = log.read(&t, 0, 0, 51).await.unwrap()[50].0;
     assert_eq!(chunked(0, a50, 13).await, expect("a", 50, 100));

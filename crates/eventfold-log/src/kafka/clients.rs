@@ -76,8 +76,7 @@ pub(super) struct Clients {
     /// High watermark queries (`read_uncommitted`: the end of the log, open transactions
     /// included).
     meta_uncommitted: BaseConsumer<Quiet>,
-    /// Idle readers, least recently used first.
-    readers: Mutex<std::collections::VecDeque<Reader>>,
+    readers: Mutex<Vec<BaseConsumer<Quiet>>>,
     groups: Mutex<HashMap<String, Arc<BaseConsumer<Quiet>>>>,
     /// Groups this log joined (`Log::join`): their member's metadata goes into transactions.
     joined: Mutex<HashMap<String, Arc<super::member::Control>>>,
@@ -97,7 +96,7 @@ impl Clients {
             options: options.clone(),
             meta,
             meta_uncommitted,
-            readers: Mutex::new(std::collections::VecDeque::new()),
+            readers: Mutex::new(Vec::new()),
             groups: Mutex::new(HashMap::new()),
             joined: Mutex::new(HashMap::new()),
             sender: Mutex::new(None),
@@ -166,11 +165,6 @@ impl Clients {
     }
 
     /// Reads committed records of `topic`/`partition` in `from..end` (at most `max`).
-    ///
-    /// Readers are pooled and keep their assignment: a read that continues where an idle
-    /// reader stopped takes that reader and goes on from what it has fetched already (a
-    /// restore or a view catching up reads a partition this way, chunk after chunk);
-    /// any other read reassigns the least recently used one.
     pub(super) fn read(
         &self,
         topic: &str,
@@ -179,48 +173,23 @@ impl Clients {
         end: u64,
         max: usize,
     ) -> Result<Vec<(u64, Record)>> {
-        let continues = |r: &Reader| {
-            r.at.as_ref()
-                .is_some_and(|(t, p, next)| t == topic && *p == partition && *next == from)
-        };
-        let idle = {
-            let mut idle = self.readers.lock().expect("readers lock");
-            match idle.iter().position(continues) {
-                Some(i) => idle.remove(i),
-                None => idle.pop_front(),
-            }
-        };
-        let mut reader = match idle {
+        let reader = match self.readers.lock().expect("readers lock").pop() {
             Some(r) => r,
-            None => Reader {
-                // librdkafka refuses `assign` without a group id; this group never joins
-                // nor commits. What it fetches ahead is bounded: idle readers keep it.
-                consumer: consumer_config(&self.options, Some(&self.reader_group()))
-                    .set("queued.max.messages.kbytes", "8192")
-                    .create_with_context(Quiet)
-                    .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
-                at: None,
-            },
+            // librdkafka refuses `assign` without a group id; this group never joins
+            // nor commits.
+            None => consumer_config(&self.options, Some(&self.reader_group()))
+                .create_with_context(Quiet)
+                .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
         };
-        let assigned = continues(&reader);
+        let got = read_range(&reader, topic, partition, from, end, max, self.timeout());
         // A reader that failed is dropped rather than reused in an unknown state.
-        let (records, next) = read_range(
-            &reader.consumer,
-            topic,
-            partition,
-            from,
-            end,
-            max,
-            self.timeout(),
-            assigned,
-        )?;
-        reader.at = Some((topic.to_owned(), partition, next));
-        let mut idle = self.readers.lock().expect("readers lock");
-        if idle.len() >= MAX_IDLE_READERS {
-            idle.pop_front();
+        if got.is_ok() && reader.unassign().is_ok() {
+            let mut idle = self.readers.lock().expect("readers lock");
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(reader);
+            }
         }
-        idle.push_back(reader);
-        Ok(records)
+        got
     }
 
     /// A `read_committed` consumer assigned to `starts`, polled by a thread of its own
@@ -339,17 +308,8 @@ impl Clients {
     }
 }
 
-/// A pooled reader, and where its assignment goes on: the topic, partition and offset
-/// after the last record it polled (records past it may be fetched already).
-struct Reader {
-    consumer: BaseConsumer<Quiet>,
-    at: Option<(String, u32, u64)>,
-}
-
-/// Assigns `reader` to the partition at `from` (unless it is `assigned` there already)
-/// and polls until `max` records, the end (`end`, a last stable offset taken before), or
-/// the partition EOF; bounded by `timeout`. Returns the records and the offset after the
-/// last record polled.
+/// Assigns `reader` to the partition at `from` and polls until `max` records, the end
+/// (`end`, a last stable offset taken before), or the partition EOF; bounded by `timeout`.
 /// Most records handed over in one batch of a follower.
 const FOLLOW_BATCH_MAX: usize = 512;
 
@@ -408,7 +368,6 @@ fn follow_loop(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn read_range(
     reader: &BaseConsumer<Quiet>,
     topic: &str,
@@ -417,16 +376,13 @@ fn read_range(
     end: u64,
     max: usize,
     timeout: Duration,
-    assigned: bool,
-) -> Result<(Vec<(u64, Record)>, u64)> {
+) -> Result<Vec<(u64, Record)>> {
     let p = partition as i32;
     let what = || format!("cannot read {topic}/{partition} from {from}");
-    if !assigned {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, p, Offset::Offset(from as i64))
-            .map_err(|e| kafka_error(&what(), e))?;
-        reader.assign(&tpl).map_err(|e| kafka_error(&what(), e))?;
-    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p, Offset::Offset(from as i64))
+        .map_err(|e| kafka_error(&what(), e))?;
+    reader.assign(&tpl).map_err(|e| kafka_error(&what(), e))?;
     let deadline = Instant::now() + timeout;
     let mut out: Vec<(u64, Record)> = Vec::with_capacity(max.min(1024));
     let mut next = from;
@@ -480,7 +436,7 @@ fn read_range(
             }
         }
     }
-    Ok((out, next))
+    Ok(out)
 }
 
 /// Errors of a partition whose leadership or metadata is settling.
