@@ -190,8 +190,11 @@ impl Store {
     /// Writes the rows and entries of `write` by ingestion (see [`Store::ingest`]: durable,
     /// not atomic, each key at most once). With `replace`, `write` is the view's whole
     /// new content: every row and entry of the view stored before and not in `write` is
-    /// deleted in the same ingestion (one pass over the old keys, merged with the new
-    /// ones); returns how many keys of the view were stored before (0 without `replace`).
+    /// deleted: the table files holding only this view's keys are dropped whole, and the
+    /// old keys left elsewhere (memtables, files shared with other views) are merged in
+    /// as tombstones in the same ingestion. Returns about how many keys of the view were
+    /// stored before (0 without `replace`; counted from the dropped files' metadata, so
+    /// overwritten versions and tombstones in them count too).
     pub fn ingest_view(&self, write: ViewWrite, replace: bool) -> Result<u64> {
         check_name("view", &write.view)?;
         let ViewWrite {
@@ -207,6 +210,14 @@ impl Store {
             sorting.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
             sorted
         })?;
+        // The old view's table files go as a whole (a metadata change); only the keys left
+        // in memtables and in files shared with other views are read and deleted below.
+        let mut dropped = 0;
+        if replace {
+            for table in [Table::ViewRow, Table::ViewIndex] {
+                dropped += self.table(table).drop_range(prefix.as_slice()..end.as_slice())? as u64;
+            }
+        }
         // Entries, the most keys, are written as two key ranges at once.
         let upper = entries.split_off(entries.len() / 2);
         let mid = upper.first().map_or_else(|| end.clone(), |(k, _)| k.clone());
@@ -245,7 +256,7 @@ impl Store {
                     })
                 })
                 .collect();
-            let mut stored = 0;
+            let mut stored = dropped;
             for task in tasks {
                 stored += task.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
             }
@@ -921,6 +932,63 @@ mod tests {
         w.put_row("k1", b"{}");
         w.delete_row("k1");
         assert!(s.ingest_view(w, false).is_err(), "a key written twice is refused");
+    }
+
+    #[test]
+    fn ingest_view_replace_drops_whole_files_and_deletes_what_is_left() {
+        let (dir, s) = temp();
+        let one = encode_value(&IndexValue::Int(1));
+        let put = |b: &mut Batch, view: &str, key: &str, json: &[u8]| {
+            b.put_view_row(view, key, json);
+            b.put_view_entry(view, "n", &one, key, false);
+        };
+        // A file shared with the views sorting just before and after `v`: its keys of `v`
+        // stay in it and are deleted one by one. `k1` has its oldest version here.
+        let mut b = Batch::new();
+        for view in ["u", "v", "w"] {
+            for i in 0..5 {
+                put(&mut b, view, &format!("k{i}"), b"{\"shared\":1}");
+            }
+        }
+        s.ingest(b).unwrap();
+        // Files of `v` alone, dropped whole; they hold newer versions of `k0`..`k4`.
+        let mut b = Batch::new();
+        for i in 0..50 {
+            put(&mut b, "v", &format!("k{i}"), b"{\"alone\":1}");
+        }
+        s.ingest(b).unwrap();
+        // Newer still, in the memtable.
+        let mut b = Batch::new();
+        put(&mut b, "v", "k7", b"{\"memtable\":1}");
+        put(&mut b, "v", "k99", b"{\"memtable\":1}");
+        s.commit(b, false).unwrap();
+
+        let mut w = ViewWrite::with_capacity("v", 2, 2);
+        for key in ["k200", "k3"] {
+            w.put_row(key, b"{\"new\":1}");
+            w.put_entry("n", &one, key, false);
+        }
+        let cleared = s.ingest_view(w, true).unwrap();
+        let check = |s: &Store| {
+            let scan = Scan {
+                limit: 1000,
+                max_scanned: 1000,
+                ..Default::default()
+            };
+            assert_eq!(all(s, "v", None, scan.clone()), ["k200", "k3"], "no old row is left or shows again");
+            assert_eq!(all(s, "v", Some("n"), scan.clone()), ["k200", "k3"]);
+            assert_eq!(s.get_view_row("v", "k1").unwrap(), None, "the shared file's old k1 stays deleted");
+            assert_eq!(s.get_view_row("v", "k3").unwrap().unwrap(), b"{\"new\":1}");
+            for view in ["u", "w"] {
+                assert_eq!(all(s, view, None, scan.clone()).len(), 5, "view {view} is untouched");
+                assert_eq!(all(s, view, Some("n"), scan.clone()).len(), 5, "entries of {view} are untouched");
+            }
+        };
+        check(&s);
+        assert!(cleared >= 102, "51 rows and 51 entries were stored, {cleared} counted");
+        drop(s);
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        check(&s);
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub fn summary(view: &str, stats: &RebuildStats) -> String {
     let secs = stats.elapsed.as_secs_f64();
     let rate = if secs > 0.0 { stats.events as f64 / secs } else { 0.0 };
     format!(
-        "rebuilt view `{view}`: {} events in {secs:.2} s ({rate:.0} events/s); {} rows, {} unique-index conflicts, {} old entries cleared",
+        "rebuilt view `{view}`: {} events in {secs:.2} s ({rate:.0} events/s); {} rows, {} unique-index conflicts, about {} old entries cleared",
         stats.events, stats.rows, stats.unique_conflicts, stats.cleared
     )
 }

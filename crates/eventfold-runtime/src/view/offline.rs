@@ -37,7 +37,9 @@ use tokio::sync::mpsc;
 /// What a rebuild did.
 #[derive(Debug, Clone, Default)]
 pub struct RebuildStats {
-    /// Rows and index entries the view held before, replaced or deleted by the rebuild.
+    /// About how many rows and index entries the view held before, replaced or deleted
+    /// by the rebuild (counted from the metadata of the table files dropped whole, which
+    /// also count overwritten versions and tombstones, plus the keys deleted one by one).
     pub cleared: u64,
     /// Source events applied.
     pub events: u64,

@@ -1,0 +1,7 @@
+// Copyright (c) 2024-present, fjall-rs
+// This source code is licensed under both the Apache 2.0 and MIT License
+// (found in the LICENSE-* files in the repository)
+
+pub mod optimistic;
+pub mod single_writer;
+pub mod write_tx;
