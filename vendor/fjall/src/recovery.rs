@@ -152,6 +152,8 @@ pub fn recover_sealed_memtables(
 
         let mut watermarks: HashMap<_, EvictionWatermark> = HashMap::default();
 
+        let mut names: HashMap<_, Option<_>> = HashMap::default();
+
         for batch in reader {
             let batch = batch?;
 
@@ -159,7 +161,17 @@ pub fn recover_sealed_memtables(
                 highest_encountered_keyspace_id =
                     highest_encountered_keyspace_id.max(item.keyspace_id);
 
-                let Some(keyspace_name) = db.meta_keyspace.resolve_id(item.keyspace_id)? else {
+                // eventfold patch: the name of a keyspace id is read from the meta keyspace once
+                // per replay, not once per journal item (that point read was half the replay).
+                let keyspace_name = match names.get(&item.keyspace_id) {
+                    Some(name) => name.clone(),
+                    None => {
+                        let name = db.meta_keyspace.resolve_id(item.keyspace_id)?;
+                        names.insert(item.keyspace_id, name.clone());
+                        name
+                    }
+                };
+                let Some(keyspace_name) = keyspace_name else {
                     continue;
                 };
 
