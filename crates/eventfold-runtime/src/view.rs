@@ -871,6 +871,9 @@ impl Committed for Stored<'_> {
 struct Rows<'a> {
     pending: &'a HashMap<String, Option<Value>>,
     loaded: &'a RefCell<HashMap<String, Option<Value>>>,
+    /// Whether [`Worker::change`] needs the committed row to move index entries; without
+    /// it, a row read from `base` is handed out without keeping a copy in `loaded`.
+    keep_loaded: bool,
     base: &'a dyn Committed,
     error: RefCell<Option<String>>,
 }
@@ -884,10 +887,11 @@ impl RowReader for Rows<'_> {
             return v.clone();
         }
         match self.base.row(key) {
-            Ok(v) => {
+            Ok(v) if self.keep_loaded => {
                 self.loaded.borrow_mut().insert(key.to_owned(), v.clone());
                 v
             }
+            Ok(v) => v,
             Err(e) => {
                 self.error.borrow_mut().get_or_insert(e.to_string());
                 None
@@ -1287,6 +1291,7 @@ impl<P: Projection> Worker<P> {
             let rows = Rows {
                 pending: &pending.rows,
                 loaded: &pending.loaded,
+                keep_loaded: self.needs_old(pending),
                 base,
                 error: RefCell::new(None),
             };
@@ -1314,8 +1319,23 @@ impl<P: Projection> Worker<P> {
         Ok(())
     }
 
+    /// Whether a change needs the row's previous document: only to move index entries
+    /// (all of them, or only those of unique indexes when the caller derives the others
+    /// from the final rows).
+    fn needs_old(&self, pending: &Pending) -> bool {
+        self.svc
+            .indexes
+            .iter()
+            .any(|idx| idx.unique || !pending.derive_plain_entries)
+    }
+
     /// Records one row change and the index entries it moves.
     fn change(&self, pending: &mut Pending, base: &dyn Committed, key: String, doc: Option<Value>) -> Result<()> {
+        if !self.needs_old(pending) {
+            pending.loaded.get_mut().remove(&key);
+            pending.rows.insert(key, doc);
+            return Ok(());
+        }
         // Taken out (put back below with the new document): no copy of the old row.
         let old = match pending.rows.remove(&key) {
             Some(v) => v,

@@ -975,13 +975,25 @@ mod tests {
                 max_scanned: 1000,
                 ..Default::default()
             };
-            assert_eq!(all(s, "v", None, scan.clone()), ["k200", "k3"], "no old row is left or shows again");
+            assert_eq!(
+                all(s, "v", None, scan.clone()),
+                ["k200", "k3"],
+                "no old row is left or shows again"
+            );
             assert_eq!(all(s, "v", Some("n"), scan.clone()), ["k200", "k3"]);
-            assert_eq!(s.get_view_row("v", "k1").unwrap(), None, "the shared file's old k1 stays deleted");
+            assert_eq!(
+                s.get_view_row("v", "k1").unwrap(),
+                None,
+                "the shared file's old k1 stays deleted"
+            );
             assert_eq!(s.get_view_row("v", "k3").unwrap().unwrap(), b"{\"new\":1}");
             for view in ["u", "w"] {
                 assert_eq!(all(s, view, None, scan.clone()).len(), 5, "view {view} is untouched");
-                assert_eq!(all(s, view, Some("n"), scan.clone()).len(), 5, "entries of {view} are untouched");
+                assert_eq!(
+                    all(s, view, Some("n"), scan.clone()).len(),
+                    5,
+                    "entries of {view} are untouched"
+                );
             }
         };
         check(&s);

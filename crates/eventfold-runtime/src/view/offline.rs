@@ -157,7 +157,14 @@ pub async fn rebuild<P: Projection>(
             .map_err(|e| failed(0, format!("the reader task failed: {e}")))?;
     }
     let replace = !*replaced.lock().expect("not poisoned");
+    let folded_in = started.elapsed();
     cleared += ingest(&store, (write, replace)).await.map_err(|e| failed(0, e))?;
+    tracing::debug!(
+        view = P::VIEW,
+        fold_s = folded_in.as_secs_f64(),
+        write_s = (started.elapsed() - folded_in).as_secs_f64(),
+        "rebuild: events folded, view written"
+    );
     let applied = applied.load(Ordering::Relaxed);
     progress(applied, total);
     // Ingested data is durable: the checkpoints and the marker's removal go together.
