@@ -121,5 +121,17 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         // Others stop forwarding here at once rather than after the heartbeats run out.
         registry.leave().await;
     }
+    flush_store(shop.runtime.log().store());
     Ok(())
+}
+
+/// Writes the store's memtables to table files on a graceful stop, so that the next start
+/// does not replay the journals (about half of an embedded restart's time after 1M
+/// commands). Failing here loses nothing: the journal still holds every write.
+fn flush_store(store: &eventfold::store::Store) {
+    let started = std::time::Instant::now();
+    match tokio::task::block_in_place(|| store.flush()) {
+        Ok(()) => eprintln!("shop: store flushed in {} ms", started.elapsed().as_millis()),
+        Err(e) => eprintln!("shop: could not flush the store ({e}); the next start replays its journal"),
+    }
 }
