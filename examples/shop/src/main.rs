@@ -1,6 +1,7 @@
 //! The `shop` binary: serve the example service, or drive load against one.
 
 use clap::{Parser, Subcommand};
+use std::io::Write as _;
 
 /// mimalloc: the command path allocates many small short-lived buffers; measured faster
 /// than the system allocator in `benches/commands.rs`.
@@ -114,7 +115,8 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             _ = ctrl_c => {}
             _ = term.recv() => {}
         }
-        eprintln!("shop: shutting down");
+        // Not `eprintln!`: a closed stderr must not turn a graceful stop into a panic.
+        let _ = writeln!(std::io::stderr(), "shop: shutting down");
     };
     eventfold::http::serve(listener, shop.router, shutdown).await?;
     if let Some(registry) = shop.registry {
@@ -126,12 +128,14 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 }
 
 /// Writes the store's memtables to table files on a graceful stop, so that the next start
-/// does not replay the journals (about half of an embedded restart's time after 1M
-/// commands). Failing here loses nothing: the journal still holds every write.
+/// does not replay the journals (after 1M commands, most of a restart's time). Failing
+/// here loses nothing: the journal still holds every write. Logged through `tracing`,
+/// which, unlike `eprintln!`, does not panic when stderr has been closed meanwhile (a
+/// supervisor gone, a test that stopped reading).
 fn flush_store(store: &eventfold::store::Store) {
     let started = std::time::Instant::now();
     match tokio::task::block_in_place(|| store.flush()) {
-        Ok(()) => eprintln!("shop: store flushed in {} ms", started.elapsed().as_millis()),
-        Err(e) => eprintln!("shop: could not flush the store ({e}); the next start replays its journal"),
+        Ok(()) => tracing::info!(ms = started.elapsed().as_millis() as u64, "store flushed"),
+        Err(e) => tracing::warn!(error = %e, "could not flush the store; the next start replays its journal"),
     }
 }
