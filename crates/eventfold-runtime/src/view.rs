@@ -1265,6 +1265,7 @@ impl<P: Projection> Worker<P> {
         events: &[Decoded<SourceEvent<P>>],
         base: &dyn Committed,
     ) -> Result<(), String> {
+        let needs_old = self.needs_old(pending);
         for Decoded {
             offset,
             record,
@@ -1291,7 +1292,7 @@ impl<P: Projection> Worker<P> {
             let rows = Rows {
                 pending: &pending.rows,
                 loaded: &pending.loaded,
-                keep_loaded: self.needs_old(pending),
+                keep_loaded: needs_old,
                 base,
                 error: RefCell::new(None),
             };

@@ -15,7 +15,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// Rebuilds the view of `P` from the events in `log` (see
 /// [`eventfold_runtime::view::rebuild`]), drawing progress on `draw` (use
-/// `ProgressDrawTarget::stderr()`: it stays hidden when stderr is not a terminal).
+/// `ProgressDrawTarget::stderr()`: it stays hidden when stderr is not a terminal), then
+/// flushes the store ([`eventfold_store::Store::flush`]).
 pub async fn run<P: Projection>(
     log: Arc<dyn Log>,
     app_id: &str,
@@ -35,9 +36,15 @@ pub async fn run<P: Projection>(
         bar.set_length(total);
         bar.set_position(applied);
     };
+    let store = log.store().clone();
     let stats = eventfold_runtime::view::rebuild::<P>(log, app_id, options, &mut progress).await;
     bar.finish_and_clear();
-    Ok(stats?)
+    let stats = stats?;
+    // The service's next start then has no journal to replay (see `Store::flush`).
+    tokio::task::spawn_blocking(move || store.flush())
+        .await?
+        .map_err(|e| anyhow::anyhow!("the view was rebuilt, but the store could not be flushed: {e}"))?;
+    Ok(stats)
 }
 
 /// One line for the end of a rebuild: events, time, events/s, rows and conflicts.

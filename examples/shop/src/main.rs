@@ -123,7 +123,7 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         // Others stop forwarding here at once rather than after the heartbeats run out.
         registry.leave().await;
     }
-    flush_store(shop.runtime.log().store());
+    flush_store(shop.runtime.log().store().clone()).await;
     Ok(())
 }
 
@@ -132,10 +132,11 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 /// here loses nothing: the journal still holds every write. Logged through `tracing`,
 /// which, unlike `eprintln!`, does not panic when stderr has been closed meanwhile (a
 /// supervisor gone, a test that stopped reading).
-fn flush_store(store: &eventfold::store::Store) {
+async fn flush_store(store: eventfold::store::Store) {
     let started = std::time::Instant::now();
-    match tokio::task::block_in_place(|| store.flush()) {
-        Ok(()) => tracing::info!(ms = started.elapsed().as_millis() as u64, "store flushed"),
-        Err(e) => tracing::warn!(error = %e, "could not flush the store; the next start replays its journal"),
+    match tokio::task::spawn_blocking(move || store.flush()).await {
+        Ok(Ok(())) => tracing::info!(ms = started.elapsed().as_millis() as u64, "store flushed"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not flush the store; the next start replays its journal"),
+        Err(e) => tracing::warn!(error = %e, "the store flush failed; the next start replays its journal"),
     }
 }

@@ -151,18 +151,13 @@ pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<Reb
         )
     })?;
     let log = open_log(opts, store, true)?;
-    let store = log.store().clone();
     let options = ViewOptions::default();
     let draw = ProgressDrawTarget::stderr();
-    let stats = match name {
+    match name {
         OrdersView::VIEW => eventfold::rebuild::run::<OrdersView>(log, &opts.app_id, &options, draw).await,
         CustomersView::VIEW => eventfold::rebuild::run::<CustomersView>(log, &opts.app_id, &options, draw).await,
         other => unreachable!("checked above: {other}"),
-    }?;
-    // The next start of the service then has no journal to replay (see `Store::flush`).
-    tokio::task::block_in_place(|| store.flush())
-        .context("the view was rebuilt, but the store could not be flushed")?;
-    Ok(stats)
+    }
 }
 
 /// The Kafka log's options from the flags.
