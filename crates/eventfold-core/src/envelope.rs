@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 /// Header names on every record (DESIGN §2). Changing one breaks compatibility.
 pub mod headers {
@@ -28,6 +29,29 @@ pub mod headers {
     /// sent through another instance); a mismatch is answered with a `version_mismatch`
     /// rejection on the results topic, whose `ef-version` header holds the actual version.
     pub const EXPECTED_VERSION: &str = "ef-expected-version";
+
+    /// Every name above.
+    pub const ALL: [&str; 10] = [
+        TYPE,
+        ID,
+        AGGREGATE_ID,
+        VERSION,
+        COMMAND_ID,
+        CORRELATION_ID,
+        CAUSATION_ID,
+        REPLY_PARTITION,
+        CONTENT_TYPE,
+        EXPECTED_VERSION,
+    ];
+
+    /// A header name as a record holds it: the names above without an allocation (a
+    /// decoded record has about eight of them), any other one copied.
+    pub fn name(name: &str) -> std::borrow::Cow<'static, str> {
+        match ALL.iter().find(|n| **n == name) {
+            Some(n) => std::borrow::Cow::Borrowed(n),
+            None => std::borrow::Cow::Owned(name.to_owned()),
+        }
+    }
 }
 
 /// One record of a log: what Kafka calls a record and the embedded log stores verbatim.
@@ -37,8 +61,8 @@ pub struct Record {
     pub key: Vec<u8>,
     /// The payload (JSON).
     pub value: Vec<u8>,
-    /// Headers in order; names from [`headers`].
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// Headers in order; names from [`headers`] (borrowed: see [`headers::name`]).
+    pub headers: Vec<(Cow<'static, str>, Vec<u8>)>,
     /// Milliseconds since the Unix epoch.
     pub timestamp_ms: i64,
 }
@@ -56,7 +80,7 @@ impl Record {
 
     /// Appends a header.
     pub fn with_header(mut self, name: &str, value: impl Into<Vec<u8>>) -> Self {
-        self.headers.push((name.to_owned(), value.into()));
+        self.headers.push((headers::name(name), value.into()));
         self
     }
 }

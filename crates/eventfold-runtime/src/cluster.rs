@@ -150,8 +150,8 @@ impl Inner {
                 key: self.instance_id.clone().into_bytes(),
                 value,
                 headers: vec![
-                    (headers::TYPE.to_owned(), INSTANCE_TYPE.as_bytes().to_vec()),
-                    (headers::CONTENT_TYPE.to_owned(), b"application/json".to_vec()),
+                    (headers::TYPE.into(), INSTANCE_TYPE.as_bytes().to_vec()),
+                    (headers::CONTENT_TYPE.into(), b"application/json".to_vec()),
                 ],
                 timestamp_ms: now_ms,
             },

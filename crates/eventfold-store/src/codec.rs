@@ -3,18 +3,33 @@
 //! `crc32(u32 LE) | format(u8) | payload`, the CRC covering format and payload.
 
 use eventfold_core::Record;
+use fjall::Slice;
 
 /// Current frame format.
 pub const FORMAT_V1: u8 = 1;
 
-/// Frames `payload` with format byte and checksum.
-pub fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 5);
-    out.extend_from_slice(&[0, 0, 0, 0, FORMAT_V1]);
-    out.extend_from_slice(payload);
-    let crc = crc32fast::hash(&out[4..]);
-    out[..4].copy_from_slice(&crc.to_le_bytes());
-    out
+/// `payload` framed with format byte and checksum, as a store value (see [`slice_of`]).
+pub(crate) fn framed(payload: &[u8]) -> Slice {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&[FORMAT_V1]);
+    crc.update(payload);
+    slice_of(&[&crc.finalize().to_le_bytes(), &[FORMAT_V1], payload])
+}
+
+/// `parts` one after the other as a store key or value, written straight into fjall's
+/// byte type: one allocation of the exact size (none for up to 20 bytes, held inline),
+/// and nothing to copy when fjall takes it.
+pub(crate) fn slice_of(parts: &[&[u8]]) -> Slice {
+    let mut out = byteview::ByteView::with_size(parts.iter().map(|p| p.len()).sum());
+    {
+        let mut bytes = out.get_mut().expect("a new view is not shared");
+        let mut at = 0;
+        for p in parts {
+            bytes[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+    }
+    Slice::from(out)
 }
 
 /// Checks a frame and returns its payload.
@@ -113,7 +128,7 @@ pub fn decode_record(buf: &[u8]) -> Result<Record, String> {
         let kl = r.u16()? as usize;
         let k = std::str::from_utf8(r.take(kl)?).map_err(|_| "header name is not UTF-8".to_owned())?;
         let v = r.bytes32()?;
-        headers.push((k.to_owned(), v.to_vec()));
+        headers.push((eventfold_core::envelope::headers::name(k), v.to_vec()));
     }
     let key = r.bytes32()?.to_vec();
     let value = r.bytes32()?.to_vec();
@@ -138,13 +153,13 @@ mod tests {
             headers: vec![("ef-type".into(), b"X".to_vec()), ("ef-version".into(), b"3".to_vec())],
             timestamp_ms: 1_700_000_000_000,
         };
-        let framed = frame(&encode_record(&r));
+        let framed = framed(&encode_record(&r)).to_vec();
         assert_eq!(decode_record(unframe(&framed).unwrap()).unwrap(), r);
     }
 
     #[test]
     fn any_flipped_bit_is_detected() {
-        let framed = frame(b"hello world");
+        let framed = framed(b"hello world").to_vec();
         for i in 0..framed.len() {
             for bit in 0..8 {
                 let mut bad = framed.clone();
@@ -201,6 +216,6 @@ mod compatibility {
         assert_eq!(r.header_str("ef-type"), Some("OrderConfirmed"));
         assert_eq!(r.header_str("ef-version"), Some("2"));
         // And the current encoder still writes exactly these bytes.
-        assert_eq!(frame(&encode_record(&r)), bytes);
+        assert_eq!(framed(&encode_record(&r)).to_vec(), bytes);
     }
 }

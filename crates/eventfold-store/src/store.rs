@@ -1,9 +1,9 @@
 //! The fjall-backed store: tables, typed reads and atomic batches.
 
-use crate::codec::{Reader, decode_record, encode_record, frame, unframe};
+use crate::codec::{Reader, decode_record, encode_record, framed, slice_of, unframe};
 use crate::{Error, Result};
 use eventfold_core::Record;
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Slice};
 use std::path::Path;
 
 /// The tables of the store. Names are stable: they are the fjall keyspace names.
@@ -126,23 +126,25 @@ fn check_component(what: &str, s: &[u8]) -> Result<()> {
 }
 
 pub(crate) fn key2(a: &[u8], b: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(a.len() + b.len() + 1);
-    k.extend_from_slice(a);
-    k.push(0);
-    k.extend_from_slice(b);
+    concat(&[a, &[0], b])
+}
+
+/// `parts` one after the other, in one allocation of the exact size (keys are built for
+/// every write: growing a vector part by part reallocated it up to three times).
+pub(crate) fn concat(parts: &[&[u8]]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        k.extend_from_slice(p);
+    }
     k
 }
 
 fn log_key(topic: &str, partition: u32, offset: u64) -> Vec<u8> {
-    let mut k = log_prefix(topic, partition);
-    k.extend_from_slice(&offset.to_be_bytes());
-    k
+    concat(&[topic.as_bytes(), &[0], &partition.to_be_bytes(), &offset.to_be_bytes()])
 }
 
 fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
-    let mut k = key2(topic.as_bytes(), &partition.to_be_bytes());
-    k.truncate(topic.len() + 1 + 4);
-    k
+    key2(topic.as_bytes(), &partition.to_be_bytes())
 }
 
 fn log_end_key(topic: &str, partition: u32) -> String {
@@ -150,9 +152,7 @@ fn log_end_key(topic: &str, partition: u32) -> String {
 }
 
 fn entity_prefix(topic: &str, entity: &[u8]) -> Vec<u8> {
-    let mut k = key2(topic.as_bytes(), entity);
-    k.push(0);
-    k
+    concat(&[topic.as_bytes(), &[0], entity, &[0]])
 }
 
 fn dedup_prefix(agg_type: &str, partition: u32) -> Vec<u8> {
@@ -186,12 +186,12 @@ pub(crate) fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
 
 /// A log record framed and checksummed, ready to store.
 #[derive(Debug, Clone)]
-pub struct EncodedRecord(Vec<u8>);
+pub struct EncodedRecord(Slice);
 
 impl EncodedRecord {
     /// Encodes and frames `record`.
     pub fn new(record: &Record) -> Self {
-        Self(frame(&encode_record(record)))
+        Self(framed(&encode_record(record)))
     }
 
     /// Size in bytes.
@@ -209,7 +209,7 @@ impl EncodedRecord {
 /// and checksummed when added, so encoding runs on the caller's thread.
 #[derive(Debug, Default)]
 pub struct Batch {
-    ops: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+    ops: Vec<(Table, Slice, Option<Slice>)>,
     bytes: usize,
 }
 
@@ -248,12 +248,14 @@ impl Batch {
         self.ops.extend(other.ops);
     }
 
-    pub(crate) fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
+    pub(crate) fn put(&mut self, table: Table, key: impl Into<Slice>, value: impl Into<Slice>) {
+        let (key, value) = (key.into(), value.into());
         self.bytes += key.len() + value.len();
         self.ops.push((table, key, Some(value)));
     }
 
-    pub(crate) fn delete(&mut self, table: Table, key: Vec<u8>) {
+    pub(crate) fn delete(&mut self, table: Table, key: impl Into<Slice>) {
+        let key = key.into();
         self.bytes += key.len();
         self.ops.push((table, key, None));
     }
@@ -265,7 +267,8 @@ impl Batch {
 
     /// Appends a record encoded beforehand (so a single writer thread only builds keys).
     pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
-        self.put(Table::Log, log_key(topic, partition, offset), record.0);
+        let key = slice_of(&[topic.as_bytes(), &[0], &partition.to_be_bytes(), &offset.to_be_bytes()]);
+        self.put(Table::Log, key, record.0);
     }
 
     /// Records that `topic`/`partition` has been seen up to `next` (exclusive) without its
@@ -277,12 +280,9 @@ impl Batch {
 
     /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
     pub fn put_entity(&mut self, topic: &str, entity: &[u8], version: u64, partition: u32, offset: u64) {
-        let mut k = entity_prefix(topic, entity);
-        k.extend_from_slice(&version.to_be_bytes());
-        let mut v = Vec::with_capacity(12);
-        v.extend_from_slice(&partition.to_le_bytes());
-        v.extend_from_slice(&offset.to_le_bytes());
-        self.put(Table::Entity, k, frame(&v));
+        let k = slice_of(&[topic.as_bytes(), &[0], entity, &[0], &version.to_be_bytes()]);
+        let v = concat(&[&partition.to_le_bytes(), &offset.to_le_bytes()]);
+        self.put(Table::Entity, k, framed(&v));
     }
 
     /// Sets the state of aggregate `id` of `agg_type`.
@@ -290,28 +290,31 @@ impl Batch {
         let mut v = Vec::with_capacity(8 + json.len());
         v.extend_from_slice(&version.to_le_bytes());
         v.extend_from_slice(json);
-        self.put(Table::State, key2(agg_type.as_bytes(), id.as_bytes()), frame(&v));
+        self.put(
+            Table::State,
+            slice_of(&[agg_type.as_bytes(), &[0], id.as_bytes()]),
+            framed(&v),
+        );
     }
 
     /// Records the outcome of `command_id`, expiring from `timestamp_ms` + window.
     pub fn put_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64, outcome: &[u8]) {
-        let prefix = dedup_prefix(agg_type, partition);
-        let mut k = prefix.clone();
-        k.extend_from_slice(command_id.as_bytes());
-        let mut v = Vec::with_capacity(8 + outcome.len());
-        v.extend_from_slice(&timestamp_ms.to_le_bytes());
-        v.extend_from_slice(outcome);
-        self.put(Table::Dedup, k, frame(&v));
-        let mut ek = prefix;
-        ek.extend_from_slice(&ts_key(timestamp_ms));
-        ek.extend_from_slice(command_id.as_bytes());
-        self.put(Table::DedupExpiry, ek, Vec::new());
+        let (t, p) = (agg_type.as_bytes(), partition.to_be_bytes());
+        let k = slice_of(&[t, &[0], &p, command_id.as_bytes()]);
+        let v = concat(&[&timestamp_ms.to_le_bytes(), outcome]);
+        self.put(Table::Dedup, k, framed(&v));
+        let ek = slice_of(&[t, &[0], &p, &ts_key(timestamp_ms), command_id.as_bytes()]);
+        self.put(Table::DedupExpiry, ek, Slice::empty());
     }
 
     /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
     pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        let mut k = dedup_prefix(agg_type, partition);
-        k.extend_from_slice(command_id.as_bytes());
+        let k = slice_of(&[
+            agg_type.as_bytes(),
+            &[0],
+            &partition.to_be_bytes(),
+            command_id.as_bytes(),
+        ]);
         self.delete(Table::Dedup, k);
         self.delete_dedup_expiry(agg_type, partition, command_id, timestamp_ms);
     }
@@ -319,30 +322,29 @@ impl Batch {
     /// Removes only the expiry entry of `command_id` at `timestamp_ms` (the command id was
     /// recorded again later, so its newer outcome must stay).
     pub fn delete_dedup_expiry(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        let mut ek = dedup_prefix(agg_type, partition);
-        ek.extend_from_slice(&ts_key(timestamp_ms));
-        ek.extend_from_slice(command_id.as_bytes());
+        let (t, p) = (agg_type.as_bytes(), partition.to_be_bytes());
+        let ek = slice_of(&[t, &[0], &p, &ts_key(timestamp_ms), command_id.as_bytes()]);
         self.delete(Table::DedupExpiry, ek);
     }
 
     /// Sets the checkpoint or offset `name` to `value`.
     pub fn put_meta(&mut self, name: &str, value: u64) {
-        self.put(Table::Meta, name.as_bytes().to_vec(), frame(&value.to_le_bytes()));
+        self.put(Table::Meta, name.as_bytes(), framed(&value.to_le_bytes()));
     }
 
     /// Removes the checkpoint or offset `name`.
     pub fn delete_meta(&mut self, name: &str) {
-        self.delete(Table::Meta, name.as_bytes().to_vec());
+        self.delete(Table::Meta, name.as_bytes());
     }
 }
 
 /// A write of one key: its value, or `None` to delete it.
-pub(crate) type KeyOp = (Vec<u8>, Option<Vec<u8>>);
+pub(crate) type KeyOp = (Slice, Option<Slice>);
 
 /// Sorts `ops` by key (a stable sort: of equal keys the last write wins) and ingests them
 /// into `keyspace`.
 fn ingest_sorted(keyspace: &Keyspace, mut ops: Vec<KeyOp>) -> Result<()> {
-    ops.sort_by(|a, b| a.0.cmp(&b.0));
+    ops.sort_by(|a, b| a.0[..].cmp(&b.0[..]));
     let mut ops = ops.into_iter().peekable();
     ingest_ordered(
         keyspace,

@@ -15,11 +15,12 @@
 //! [`encode_prefix`]`(s)` (the tag and escaped bytes of `s`, without the terminator), and
 //! only such strings' encodings do: a string prefix query is a key range too.
 
-use crate::codec::{frame, unframe};
-use crate::store::{Batch, KeyOp, Store, Table, corrupt, ingest_ordered, key2};
+use crate::codec::{framed, slice_of, unframe};
+use crate::store::{Batch, KeyOp, Store, Table, concat, corrupt, ingest_ordered, key2};
 use crate::{Error, Result};
 use eventfold_core::IndexValue;
 use fjall::Readable;
+use fjall::Slice;
 use std::ops::Bound;
 
 const TAG_NUMBER: u8 = 0x20;
@@ -89,18 +90,17 @@ fn row_key(view: &str, key: &str) -> Vec<u8> {
 }
 
 fn index_prefix(view: &str, index: &str) -> Vec<u8> {
-    let mut k = key2(view.as_bytes(), index.as_bytes());
-    k.push(0);
-    k
+    concat(&[view.as_bytes(), &[0], index.as_bytes(), &[0]])
 }
 
-fn entry_key(view: &str, index: &str, value: &[u8], key: &str, unique: bool) -> Vec<u8> {
-    let mut k = index_prefix(view, index);
-    k.extend_from_slice(value);
-    if !unique {
-        k.extend_from_slice(key.as_bytes());
-    }
-    k
+fn entry_key(view: &str, index: &str, value: &[u8], key: &str, unique: bool) -> Slice {
+    let key = if unique { &[][..] } else { key.as_bytes() };
+    slice_of(&[view.as_bytes(), &[0], index.as_bytes(), &[0], value, key])
+}
+
+/// A row's key, to write.
+fn row_slice(view: &str, key: &str) -> Slice {
+    slice_of(&[view.as_bytes(), &[0], key.as_bytes()])
 }
 
 /// A stored entry as [`Store::dump_view`] lists it: table name, raw key, raw value.
@@ -114,12 +114,12 @@ pub fn view_checkpoint_key(view: &str, topic: &str, partition: u32) -> String {
 impl Batch {
     /// Sets row `key` of `view` to the JSON document `json`.
     pub fn put_view_row(&mut self, view: &str, key: &str, json: &[u8]) {
-        self.put(Table::ViewRow, row_key(view, key), frame(json));
+        self.put(Table::ViewRow, row_slice(view, key), framed(json));
     }
 
     /// Deletes row `key` of `view`.
     pub fn delete_view_row(&mut self, view: &str, key: &str) {
-        self.delete(Table::ViewRow, row_key(view, key));
+        self.delete(Table::ViewRow, row_slice(view, key));
     }
 
     /// Adds the entry `value` (from [`encode_value`]) -> `key` to `index` of `view`.
@@ -127,7 +127,7 @@ impl Batch {
         self.put(
             Table::ViewIndex,
             entry_key(view, index, value, key, unique),
-            frame(key.as_bytes()),
+            framed(key.as_bytes()),
         );
     }
 
@@ -138,52 +138,126 @@ impl Batch {
 }
 
 /// Rows and index entries of one view for [`Store::ingest_view`], keyed and framed as
-/// they are added (like a [`Batch`]).
+/// they are added (like a [`Batch`]). Entries are kept by index: each index's entries
+/// are a key range of their own, sorted on their own (in parallel, and each sort is
+/// smaller than one over all of them).
 #[derive(Debug)]
 pub struct ViewWrite {
     view: String,
     rows: Vec<KeyOp>,
-    entries: Vec<KeyOp>,
+    /// (index name, its entries), in the order the indexes were first written.
+    entries: Vec<(String, Vec<KeyOp>)>,
+    /// Room reserved for each index's entries.
+    per_index: usize,
 }
 
 impl ViewWrite {
-    /// Nothing yet for `view`, with room for `rows` rows and `entries` entries.
-    pub fn with_capacity(view: &str, rows: usize, entries: usize) -> Self {
+    /// Nothing yet for `view`, with room for `rows` rows and `per_index` entries of each
+    /// index.
+    pub fn with_capacity(view: &str, rows: usize, per_index: usize) -> Self {
         Self {
             view: view.to_owned(),
             rows: Vec::with_capacity(rows),
-            entries: Vec::with_capacity(entries),
+            entries: Vec::new(),
+            per_index,
         }
     }
 
     /// Moves the writes of `other` (for the same view) into this one.
     pub fn append(&mut self, other: ViewWrite) {
         assert_eq!(self.view, other.view, "writes of one view");
-        self.rows.extend(other.rows);
-        self.entries.extend(other.entries);
+        if self.rows.is_empty() {
+            self.rows = other.rows;
+        } else {
+            self.rows.extend(other.rows);
+        }
+        for (index, ops) in other.entries {
+            let mine = self.index(&index);
+            if mine.is_empty() {
+                *mine = ops;
+            } else {
+                mine.extend(ops);
+            }
+        }
+    }
+
+    /// The entries of `index`.
+    fn index(&mut self, index: &str) -> &mut Vec<KeyOp> {
+        let at = match self.entries.iter().position(|(name, _)| name == index) {
+            Some(at) => at,
+            None => {
+                self.entries
+                    .push((index.to_owned(), Vec::with_capacity(self.per_index)));
+                self.entries.len() - 1
+            }
+        };
+        &mut self.entries[at].1
     }
 
     /// Sets row `key` to the JSON document `json`.
     pub fn put_row(&mut self, key: &str, json: &[u8]) {
-        self.rows.push((row_key(&self.view, key), Some(frame(json))));
+        self.rows.push((row_slice(&self.view, key), Some(framed(json))));
     }
 
     /// Deletes row `key`.
     pub fn delete_row(&mut self, key: &str) {
-        self.rows.push((row_key(&self.view, key), None));
+        self.rows.push((row_slice(&self.view, key), None));
     }
 
     /// Adds the entry `value` -> `key` to `index` (as [`Batch::put_view_entry`]).
     pub fn put_entry(&mut self, index: &str, value: &[u8], key: &str, unique: bool) {
         let k = entry_key(&self.view, index, value, key, unique);
-        self.entries.push((k, Some(frame(key.as_bytes()))));
+        self.index(index).push((k, Some(framed(key.as_bytes()))));
     }
 
     /// Removes the entry `value` -> `key` from `index`.
     pub fn delete_entry(&mut self, index: &str, value: &[u8], key: &str, unique: bool) {
-        self.entries
-            .push((entry_key(&self.view, index, value, key, unique), None));
+        let k = entry_key(&self.view, index, value, key, unique);
+        self.index(index).push((k, None));
     }
+}
+
+/// Sorts `rows` and each index's entries (see [`sort_unique`]) on up to as many threads
+/// as the machine has cores, the largest first; returns the entries of all indexes in
+/// key order.
+fn sort_view(view: &str, rows: &mut [KeyOp], entries: Vec<(String, Vec<KeyOp>)>) -> Result<Vec<KeyOp>> {
+    let mut groups: Vec<(Vec<u8>, Vec<KeyOp>)> = entries
+        .into_iter()
+        .map(|(index, ops)| (index_prefix(view, &index), ops))
+        .collect();
+    // Each index's entries are one key range, starting with its prefix.
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut jobs: Vec<&mut [KeyOp]> = std::iter::once(rows)
+        .chain(groups.iter_mut().map(|(_, ops)| &mut ops[..]))
+        .filter(|ops| ops.len() > 1)
+        .collect();
+    jobs.sort_by_key(|ops| ops.len()); // popped from the end: the largest first
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len());
+    let jobs = std::sync::Mutex::new(jobs);
+    std::thread::scope(|scope| {
+        let sorters: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    loop {
+                        let Some(job) = jobs.lock().expect("not poisoned").pop() else {
+                            return Ok(());
+                        };
+                        sort_unique(job)?;
+                    }
+                })
+            })
+            .collect();
+        sorters
+            .into_iter()
+            .try_for_each(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })?;
+    let mut all = Vec::with_capacity(groups.iter().map(|(_, ops)| ops.len()).sum());
+    for (_, ops) in groups {
+        all.extend(ops);
+    }
+    Ok(all)
 }
 
 impl Store {
@@ -200,16 +274,12 @@ impl Store {
         let ViewWrite {
             view,
             mut rows,
-            mut entries,
+            entries,
+            ..
         } = write;
         let prefix = key2(view.as_bytes(), b"");
         let end = prefix_end(&prefix);
-        std::thread::scope(|scope| {
-            let sorting = scope.spawn(|| sort_unique(&mut rows));
-            let sorted = sort_unique(&mut entries);
-            sorting.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-            sorted
-        })?;
+        let mut entries = sort_view(&view, &mut rows, entries)?;
         // The old view's table files go as a whole (a metadata change); only the keys left
         // in memtables and in files shared with other views are read and deleted below.
         let mut dropped = 0;
@@ -220,7 +290,7 @@ impl Store {
         }
         // Entries, the most keys, are written as two key ranges at once.
         let upper = entries.split_off(entries.len() / 2);
-        let mid = upper.first().map_or_else(|| end.clone(), |(k, _)| k.clone());
+        let mid = upper.first().map_or_else(|| end.clone(), |(k, _)| k.to_vec());
         let parts = [
             (Table::ViewRow, prefix.clone(), end.clone(), rows),
             (Table::ViewIndex, prefix, mid.clone(), entries),
@@ -238,9 +308,7 @@ impl Store {
                             ingest_ordered(keyspace, ops.into_iter().map(Ok))?;
                             return Ok(0);
                         };
-                        let mut old = snapshot
-                            .range(keyspace, from..to)
-                            .map(|kv| kv.key().map(|k| k.to_vec()));
+                        let mut old = snapshot.range(keyspace, from..to).map(|kv| kv.key());
                         let mut stored = 0;
                         let merged = MergeOld {
                             new: ops.into_iter().peekable(),
@@ -267,7 +335,9 @@ impl Store {
 
 /// Sorts `ops` by key; a key written twice is an error.
 fn sort_unique(ops: &mut [KeyOp]) -> Result<()> {
-    ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // As bytes: `Slice`'s own order compares a 4-byte prefix first, which every key of
+    // a view shares.
+    ops.sort_unstable_by(|a, b| a.0[..].cmp(&b.0[..]));
     match ops.windows(2).find(|w| w[0].0 == w[1].0) {
         Some(w) => Err(Error::InvalidKey(format!("key {:?} written twice", w[0].0))),
         None => Ok(()),
@@ -284,7 +354,7 @@ struct MergeOld<N: Iterator, O: Iterator> {
 impl<N, O> Iterator for MergeOld<N, O>
 where
     N: Iterator<Item = KeyOp>,
-    O: Iterator<Item = Result<Vec<u8>>>,
+    O: Iterator<Item = Result<Slice>>,
 {
     type Item = Result<KeyOp>;
 
@@ -299,7 +369,7 @@ where
                 (None, None) => None,
                 (Some(_), None) => self.new.next().map(Ok),
                 (None, Some(_)) => self.old.next().map(|k| k.map(|k| (k, None))),
-                (Some((n, _)), Some(o)) => match n.cmp(o) {
+                (Some((n, _)), Some(o)) => match n[..].cmp(&o[..]) {
                     std::cmp::Ordering::Less => self.new.next().map(Ok),
                     std::cmp::Ordering::Greater => self.old.next().map(|k| k.map(|k| (k, None))),
                     std::cmp::Ordering::Equal => {

@@ -4,6 +4,7 @@
 use super::KafkaOptions;
 use crate::{Error, Result};
 use eventfold_core::Record;
+use eventfold_core::envelope::headers;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -480,7 +481,7 @@ pub(super) fn to_record(m: &BorrowedMessage<'_>) -> Record {
             .headers()
             .map(|hs| {
                 hs.iter()
-                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .map(|h| (headers::name(h.key), h.value.unwrap_or_default().to_vec()))
                     .collect()
             })
             .unwrap_or_default(),
