@@ -232,6 +232,13 @@ impl IndexValue {
 pub trait RowReader {
     /// The current document of `key`, if any.
     fn row(&self, key: &str) -> Option<Value>;
+
+    /// The current document of `key`, for a caller that writes its new version at once
+    /// ([`ViewChanges::update`]): a reader may hand over its own copy instead of cloning
+    /// it. The default is [`RowReader::row`].
+    fn row_to_change(&self, key: &str) -> Option<Value> {
+        self.row(key)
+    }
 }
 
 impl RowReader for BTreeMap<String, Value> {
@@ -295,7 +302,11 @@ impl<'a> ViewChanges<'a> {
 
     /// Changes the row `key` in place, if it exists; `f` gets the document to edit.
     pub fn update(&mut self, key: &str, f: impl FnOnce(&mut Value)) {
-        if let Some(mut doc) = self.get(key) {
+        let doc = match self.changes.iter().rposition(|(k, _)| k == key) {
+            Some(at) => self.changes[at].1.clone(),
+            None => self.rows.row_to_change(key),
+        };
+        if let Some(mut doc) = doc {
             f(&mut doc);
             self.upsert(key, doc);
         }

@@ -83,6 +83,11 @@ pub struct ViewOptions {
     /// threads). A view that fits is written once, sorted; past it the memory is written
     /// early and the rebuild goes on over the store, slower.
     pub rebuild_cache_bytes: usize,
+    /// [`rebuild`]: memory for rows kept parsed after they change (512 MiB, shared by the
+    /// threads, on top of `rebuild_cache_bytes`): the next event of the same entity
+    /// changes such a row without parsing its JSON again. Past it the rows changed least
+    /// recently are serialized. 0 keeps every row as JSON.
+    pub rebuild_hot_bytes: usize,
     /// [`rebuild`]: threads applying events, each for its own partitions (the machine's
     /// available parallelism). Only partitioned views use more than one: the rows of a
     /// replicated view may come from any partition. Also how many partitions of a live
@@ -104,6 +109,7 @@ impl Default for ViewOptions {
             max_scanned: 10_000,
             rebuild_batch_events: 16_384,
             rebuild_cache_bytes: 256 << 20,
+            rebuild_hot_bytes: 512 << 20,
             rebuild_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             bulk_catch_up_min_events: 50_000,
         }
@@ -844,6 +850,11 @@ fn decode<P: Projection>(
 trait Committed {
     /// Row `key` of the view.
     fn row(&self, key: &str) -> Result<Option<Value>>;
+    /// Row `key` of the view, about to change: its new version is passed to
+    /// [`Worker::change`] in this batch (an overlay may hand over its copy).
+    fn row_to_change(&self, key: &str) -> Result<Option<Value>> {
+        self.row(key)
+    }
     /// The row holding `value` in unique index `index` (by position).
     fn owner(&self, index: usize, value: &[u8]) -> Result<Option<String>>;
 }
@@ -869,24 +880,38 @@ impl Committed for Stored<'_> {
 /// committed. Rows read from `base` are kept in `loaded`, so the change that follows a
 /// read (an `update`) does not read and parse the row a second time.
 struct Rows<'a> {
-    pending: &'a HashMap<String, Option<Value>>,
+    pending: RefCell<&'a mut HashMap<String, Option<Value>>>,
     loaded: &'a RefCell<HashMap<String, Option<Value>>>,
     /// Whether [`Worker::change`] needs the committed row to move index entries; without
-    /// it, a row read from `base` is handed out without keeping a copy in `loaded`.
+    /// it, a row read from `base` is handed out without keeping a copy in `loaded`, and a
+    /// row about to change is taken, not cloned (see [`RowReader::row_to_change`]).
     keep_loaded: bool,
     base: &'a dyn Committed,
     error: RefCell<Option<String>>,
 }
 
-impl RowReader for Rows<'_> {
-    fn row(&self, key: &str) -> Option<Value> {
-        if let Some(v) = self.pending.get(key) {
-            return v.clone();
+impl Rows<'_> {
+    fn read(&self, key: &str, to_change: bool) -> Option<Value> {
+        let take = to_change && !self.keep_loaded;
+        {
+            let mut pending = self.pending.borrow_mut();
+            match pending.get(key) {
+                // Its new version replaces it in `pending` before the batch goes on (a
+                // deletion stays: nothing replaces it).
+                Some(Some(_)) if take => return pending.remove(key).flatten(),
+                Some(v) => return v.clone(),
+                None => {}
+            }
         }
         if let Some(v) = self.loaded.borrow().get(key) {
             return v.clone();
         }
-        match self.base.row(key) {
+        let read = if take {
+            self.base.row_to_change(key)
+        } else {
+            self.base.row(key)
+        };
+        match read {
             Ok(v) if self.keep_loaded => {
                 self.loaded.borrow_mut().insert(key.to_owned(), v.clone());
                 v
@@ -897,6 +922,16 @@ impl RowReader for Rows<'_> {
                 None
             }
         }
+    }
+}
+
+impl RowReader for Rows<'_> {
+    fn row(&self, key: &str) -> Option<Value> {
+        self.read(key, false)
+    }
+
+    fn row_to_change(&self, key: &str) -> Option<Value> {
+        self.read(key, true)
     }
 }
 
@@ -1097,8 +1132,13 @@ impl<P: Projection> Worker<P> {
             s.commit(b, true)
         }))
         .await?;
-        let share = self.svc.options.rebuild_cache_bytes / self.svc.options.rebuild_threads.max(1);
-        let mut overlay = Some(offline::Overlay::new(store.clone(), self.svc.clone(), share));
+        let threads = self.svc.options.rebuild_threads.max(1);
+        let mut overlay = Some(offline::Overlay::new(
+            store.clone(),
+            self.svc.clone(),
+            self.svc.options.rebuild_cache_bytes / threads,
+            self.svc.options.rebuild_hot_bytes / threads,
+        ));
         let mut next = 0;
         let max = self.svc.options.rebuild_batch_events.max(1);
         while next < target {
@@ -1290,7 +1330,7 @@ impl<P: Projection> Worker<P> {
                 payload,
             };
             let rows = Rows {
-                pending: &pending.rows,
+                pending: RefCell::new(&mut pending.rows),
                 loaded: &pending.loaded,
                 keep_loaded: needs_old,
                 base,

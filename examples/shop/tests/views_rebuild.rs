@@ -384,13 +384,21 @@ async fn a_rebuilt_view_is_stored_exactly_like_the_live_one() {
         }
     }
     copy.store().commit(batch, true).unwrap();
+    // Every row in memory (parsed or as JSON); written after every chunk; and parsed rows
+    // demoted to JSON all the time (a few rows' worth of memory for them).
     let tight = ViewOptions {
         rebuild_batch_events: 7,
         rebuild_cache_bytes: 0,
         rebuild_threads: 3,
         ..Default::default()
     };
-    for options in [ViewOptions::default(), tight] {
+    let demoting = ViewOptions {
+        rebuild_batch_events: 5,
+        rebuild_hot_bytes: 6_000,
+        rebuild_threads: 2,
+        ..Default::default()
+    };
+    for options in [ViewOptions::default(), tight, demoting] {
         let mut progress = |_, _| {};
         let stats = rebuild::<OrdersView>(copy.clone(), "shop", &options, &mut progress)
             .await
@@ -415,7 +423,7 @@ async fn a_rebuilt_view_is_stored_exactly_like_the_live_one() {
         .map(|i| format!("stray-{i}"))
         .find(|k| partition_for(k.as_bytes(), PARTITIONS) == 1)
         .unwrap();
-    for (cache, threads) in [(64 << 20, 2), (0, 3)] {
+    for (cache, hot, threads) in [(64 << 20, 512 << 20, 2), (0, 0, 3), (64 << 20, 4_000, 1)] {
         let bulk_dir = tempfile::tempdir().unwrap();
         let bulk_log: Arc<dyn Log> = Arc::new(common::test_log(bulk_dir.path()));
         let mut batch = Batch::new();
@@ -436,6 +444,7 @@ async fn a_rebuilt_view_is_stored_exactly_like_the_live_one() {
         .view_options(ViewOptions {
             bulk_catch_up_min_events: 1,
             rebuild_cache_bytes: cache,
+            rebuild_hot_bytes: hot,
             rebuild_threads: threads,
             rebuild_batch_events: 13,
             ..Default::default()

@@ -8,9 +8,12 @@
 //! - **reading is pipelined:** a reader task reads the source in chunks of
 //!   [`ViewOptions::rebuild_batch_events`] and decodes the payloads while the previous
 //!   chunk is applied;
-//! - **the view is built in memory** (an [`Overlay`]: rows as JSON, unique-index entries
-//!   and owners) up to [`ViewOptions::rebuild_cache_bytes`]; entries of non-unique
-//!   indexes are not tracked change by change but derived from the final rows;
+//! - **the view is built in memory** (an [`Overlay`]: rows, unique-index entries and
+//!   owners) up to [`ViewOptions::rebuild_cache_bytes`]; entries of non-unique indexes
+//!   are not tracked change by change but derived from the final rows. Rows changed
+//!   recently stay parsed (up to [`ViewOptions::rebuild_hot_bytes`]): the next event of
+//!   the same entity changes them without parsing them again, and each is serialized to
+//!   JSON once, when the least recently changed are demoted or the overlay is written;
 //! - **it is written once, sorted,** as new table files ([`Store::ingest`]: no journal, no
 //!   memtable), when the memory is full and at the end. After such a spill the rebuild
 //!   goes on like a live worker over what it wrote: rows it does not hold are read from
@@ -28,7 +31,8 @@ use eventfold_core::{Aggregate, Projection, Scope};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Store, ViewWrite, encode_value, view_checkpoint_key};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -125,7 +129,12 @@ pub async fn rebuild<P: Projection>(
                     next: 0,
                 })
                 .collect(),
-            overlay: Overlay::new(store.clone(), svc.clone(), options.rebuild_cache_bytes / threads),
+            overlay: Overlay::new(
+                store.clone(),
+                svc.clone(),
+                options.rebuild_cache_bytes / threads,
+                options.rebuild_hot_bytes / threads,
+            ),
             topic: source.events.clone(),
             applied: applied.clone(),
             replaced: replaced.clone(),
@@ -254,7 +263,7 @@ impl<P: Projection> Folder<P> {
         let rows = self
             .overlay
             .whole
-            .then(|| self.overlay.rows.values().filter(|r| r.is_some()).count() as u64);
+            .then(|| self.overlay.rows.get_mut().values().filter(|r| r.exists()).count() as u64);
         Ok(Folded {
             write: self.overlay.spill(),
             rows,
@@ -327,22 +336,54 @@ async fn read<P: Projection>(
     }
 }
 
-/// The view as the rebuild built it and has not written yet, bounded by bytes: rows as
-/// JSON with the encoded values of their non-unique index fields, index entries, and
-/// unique-index owners. While nothing was written (`whole`), a key it does not hold does
-/// not exist (the view was cleared), deletes need no tombstone, and the entries of
-/// non-unique indexes are derived from the rows when written. After a spill, missing
-/// rows and owners are read from the store and every entry change is kept.
+/// The view as the rebuild built it and has not written yet, bounded by bytes: rows
+/// (recently changed ones parsed, the others as JSON with the encoded values of their
+/// non-unique index fields), index entries, and unique-index owners. While nothing was
+/// written (`whole`), a key it does not hold does not exist (the view was cleared),
+/// deletes need no tombstone, and the entries of non-unique indexes are derived from the
+/// rows when written. After a spill, missing rows and owners are read from the store and
+/// every entry change is kept.
 pub(super) struct Overlay {
     store: Store,
     svc: Arc<ViewService>,
-    rows: HashMap<String, Option<Row>>,
+    /// In a cell: [`Committed::row_to_change`] takes parsed rows out.
+    rows: RefCell<HashMap<String, Slot>>,
+    /// The keys each batch left parsed, oldest batch first: the least recently changed
+    /// rows are demoted first. A key changed again later is skipped here (its slot
+    /// carries the newer batch).
+    touched: VecDeque<(u64, Vec<String>)>,
+    /// Batches taken in so far.
+    batch: u64,
+    /// About how much memory the parsed rows hold, and the most they may.
+    hot_bytes: Cell<usize>,
+    max_hot_bytes: usize,
+    /// Parsed rows taken in, and the memory of those measured ([`heap_bytes`] runs on
+    /// one row in [`SAMPLE`]: walking every row cost 5% of a rebuild); the others are
+    /// assumed average.
+    hot_rows: u64,
+    sampled: (u64, usize),
     /// As [`Pending::entries`].
     entries: HashMap<(usize, Vec<u8>, String), Option<String>>,
     owners: HashMap<UniqueValue, Option<String>>,
     pub(super) whole: bool,
+    /// About how much memory the rows as JSON, the entries and the owners hold (past
+    /// `max_bytes`, the caller spills).
     pub(super) bytes: usize,
     pub(super) max_bytes: usize,
+}
+
+/// A row of the overlay.
+enum Slot {
+    /// Parsed, as the batch `batch` left it; `bytes` is about the memory it holds.
+    Hot { doc: Value, batch: u64, bytes: usize },
+    /// As JSON (`None`: deleted).
+    Cold(Option<Row>),
+}
+
+impl Slot {
+    fn exists(&self) -> bool {
+        matches!(self, Slot::Hot { .. } | Slot::Cold(Some(_)))
+    }
 }
 
 /// A row's JSON and its non-unique index values (index position, encoded value).
@@ -351,12 +392,54 @@ struct Row {
     plain: Vec<(usize, Box<[u8]>)>,
 }
 
+/// Hash map and allocation overhead per entry, roughly.
+const ENTRY: usize = 64;
+
+/// One parsed row in this many is measured (see [`Overlay::sampled`]).
+const SAMPLE: u64 = 64;
+
+impl Row {
+    /// About the memory the row holds.
+    fn size(&self) -> usize {
+        self.json.len() + self.plain.iter().map(|(_, v)| ENTRY / 2 + v.len()).sum::<usize>()
+    }
+}
+
+/// About how much heap memory `v` holds (allocator rounding and map nodes included
+/// roughly): what a parsed row costs in the overlay.
+fn heap_bytes(v: &Value) -> usize {
+    /// A `serde_json::Value`.
+    const VALUE: usize = 32;
+    match v {
+        Value::String(s) => s.capacity().next_multiple_of(16),
+        Value::Array(items) => items.capacity() * VALUE + items.iter().map(heap_bytes).sum::<usize>(),
+        // A B-tree node holds up to 11 fields (about 630 bytes); nodes are rarely full.
+        Value::Object(fields) => {
+            fields.len().div_ceil(8) * 640
+                + fields
+                    .iter()
+                    .map(|(k, v)| k.capacity().next_multiple_of(16) + heap_bytes(v))
+                    .sum::<usize>()
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+    }
+}
+
 impl Overlay {
-    pub(super) fn new(store: Store, svc: Arc<ViewService>, max_bytes: usize) -> Self {
+    /// An empty overlay holding up to `max_bytes` of JSON rows, entries and owners (then
+    /// the caller spills) and `max_hot_bytes` of parsed rows (then the least recently
+    /// changed turn into JSON).
+    pub(super) fn new(store: Store, svc: Arc<ViewService>, max_bytes: usize, max_hot_bytes: usize) -> Self {
         Self {
             store,
             svc,
-            rows: HashMap::new(),
+            rows: RefCell::new(HashMap::new()),
+            touched: VecDeque::new(),
+            batch: 0,
+            hot_bytes: Cell::new(0),
+            max_hot_bytes,
+            hot_rows: 0,
+            sampled: (0, 0),
             entries: HashMap::new(),
             owners: HashMap::new(),
             whole: true,
@@ -367,28 +450,47 @@ impl Overlay {
 
     /// Takes in the changes of a batch.
     pub(super) fn take(&mut self, pending: Pending) {
-        /// Hash map and allocation overhead per entry, roughly.
-        const ENTRY: usize = 64;
+        self.batch += 1;
+        let mut touched = Vec::new();
+        let mut hot_bytes = self.hot_bytes.get();
         for (key, doc) in pending.rows {
-            let row = doc.map(|doc| Row {
-                json: serde_json::to_vec(&doc)
-                    .expect("JSON values serialize")
-                    .into_boxed_slice(),
-                plain: if self.whole {
-                    self.plain_values(&key, &doc)
-                } else {
-                    Vec::new()
-                },
-            });
-            let size = |r: &Option<Row>| {
-                r.as_ref().map_or(0, |r| {
-                    r.json.len() + r.plain.iter().map(|(_, v)| ENTRY / 2 + v.len()).sum::<usize>()
-                })
+            let slot = match doc {
+                Some(doc) if self.max_hot_bytes > 0 => {
+                    if self.hot_rows.is_multiple_of(SAMPLE) {
+                        self.sampled.0 += 1;
+                        self.sampled.1 += heap_bytes(&doc);
+                    }
+                    self.hot_rows += 1;
+                    let bytes = ENTRY + key.len() + self.sampled.1 / self.sampled.0 as usize;
+                    hot_bytes += bytes;
+                    touched.push(key.clone());
+                    Slot::Hot {
+                        doc,
+                        batch: self.batch,
+                        bytes,
+                    }
+                }
+                doc => {
+                    let row = doc.map(|doc| self.row_of(&key, &doc));
+                    self.bytes += ENTRY + key.len() + row.as_ref().map_or(0, Row::size);
+                    Slot::Cold(row)
+                }
             };
-            self.bytes += ENTRY + key.len() + size(&row);
-            if let Some(old) = self.rows.insert(key, row) {
-                self.bytes -= ENTRY + size(&old);
+            match self.rows.get_mut().insert(key, slot) {
+                Some(Slot::Hot { bytes, .. }) => hot_bytes -= bytes,
+                Some(Slot::Cold(row)) => self.bytes -= ENTRY + row.as_ref().map_or(0, |r| r.size()),
+                None => {}
             }
+        }
+        self.hot_bytes.set(hot_bytes);
+        if !touched.is_empty() {
+            self.touched.push_back((self.batch, touched));
+        }
+        while self.hot_bytes.get() > self.max_hot_bytes {
+            let Some((batch, keys)) = self.touched.pop_front() else {
+                break;
+            };
+            self.demote(batch, keys);
         }
         let len = |k: &Option<String>| k.as_ref().map_or(0, String::len);
         for (entry, row) in pending.entries {
@@ -404,6 +506,42 @@ impl Overlay {
             if let Some(old) = self.owners.insert(owner, key) {
                 self.bytes -= size + len(&old);
             }
+        }
+    }
+
+    /// Turns the rows batch `batch` left parsed, and no later batch changed, into JSON.
+    fn demote(&mut self, batch: u64, keys: Vec<String>) {
+        for key in keys {
+            let Some(slot) = self.rows.get_mut().get_mut(&key) else {
+                continue;
+            };
+            let Slot::Hot { batch: b, .. } = slot else {
+                continue;
+            };
+            if *b != batch {
+                continue;
+            }
+            let Slot::Hot { doc, bytes, .. } = std::mem::replace(slot, Slot::Cold(None)) else {
+                unreachable!("matched above");
+            };
+            let row = self.row_of(&key, &doc);
+            self.hot_bytes.set(self.hot_bytes.get() - bytes);
+            self.bytes += row.size();
+            *self.rows.get_mut().get_mut(&key).expect("present") = Slot::Cold(Some(row));
+        }
+    }
+
+    /// `doc` as stored: JSON, and (while whole) its non-unique index values.
+    fn row_of(&self, key: &str, doc: &Value) -> Row {
+        Row {
+            json: serde_json::to_vec(doc)
+                .expect("JSON values serialize")
+                .into_boxed_slice(),
+            plain: if self.whole {
+                self.plain_values(key, doc)
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -424,13 +562,14 @@ impl Overlay {
     /// Everything held, to write; the overlay is left empty and no longer whole.
     pub(super) fn spill(&mut self) -> ViewWrite {
         let whole = self.whole;
-        let plain = self.svc.indexes.iter().filter(|i| !i.unique).count();
-        let mut write = ViewWrite::with_capacity(
-            &self.svc.storage,
-            self.rows.len(),
-            self.rows.len() * plain + self.entries.len(),
-        );
-        for (key, row) in self.rows.drain() {
+        let rows = std::mem::take(self.rows.get_mut());
+        // A row has at most one entry in each index.
+        let mut write = ViewWrite::with_capacity(&self.svc.storage, rows.len(), rows.len() + self.entries.len());
+        for (key, slot) in rows {
+            let row = match slot {
+                Slot::Hot { doc, .. } => Some(self.row_of(&key, &doc)),
+                Slot::Cold(row) => row,
+            };
             match row {
                 Some(Row { json, plain }) => {
                     for (i, value) in plain {
@@ -451,7 +590,9 @@ impl Overlay {
             }
         }
         self.owners.clear();
+        self.touched.clear();
         self.bytes = 0;
+        self.hot_bytes.set(0);
         self.whole = false;
         write
     }
@@ -459,12 +600,27 @@ impl Overlay {
 
 impl Committed for Overlay {
     fn row(&self, key: &str) -> Result<Option<Value>> {
-        match self.rows.get(key) {
-            Some(Some(row)) => parse_row(&self.svc.storage, key, &row.json).map(Some),
-            Some(None) => Ok(None),
+        match self.rows.borrow().get(key) {
+            Some(Slot::Hot { doc, .. }) => Ok(Some(doc.clone())),
+            Some(Slot::Cold(Some(row))) => parse_row(&self.svc.storage, key, &row.json).map(Some),
+            Some(Slot::Cold(None)) => Ok(None),
             None if self.whole => Ok(None),
             None => super::load_row(&self.store, &self.svc.storage, key),
         }
+    }
+
+    fn row_to_change(&self, key: &str) -> Result<Option<Value>> {
+        let mut rows = self.rows.borrow_mut();
+        if let Some(Slot::Hot { .. }) = rows.get(key) {
+            // Its new version comes back through `take` in this batch.
+            let Some(Slot::Hot { doc, bytes, .. }) = rows.remove(key) else {
+                unreachable!("matched above");
+            };
+            self.hot_bytes.set(self.hot_bytes.get() - bytes);
+            return Ok(Some(doc));
+        }
+        drop(rows);
+        self.row(key)
     }
 
     fn owner(&self, index: usize, value: &[u8]) -> Result<Option<String>> {
