@@ -7,12 +7,29 @@ pub fn rfc3339_ms(ms: i64) -> String {
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60
-    )
+    let (h, min, s) = (sod / 3600, (sod / 60) % 60, sod % 60);
+    if !(0..=9999).contains(&y) {
+        return format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{millis:03}Z");
+    }
+    // Digits written in place: `format!` with padding was 2% of a view rebuild (each
+    // order row stores its timestamp).
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    for (at, width, v) in [
+        (0, 4, y),
+        (5, 2, i64::from(m)),
+        (8, 2, i64::from(d)),
+        (11, 2, h),
+        (14, 2, min),
+        (17, 2, s),
+        (20, 3, millis),
+    ] {
+        let mut v = v;
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    }
+    String::from_utf8(out.to_vec()).expect("ASCII digits")
 }
 
 /// Parses an RFC 3339 instant (`2024-05-01T12:00:00Z`, `2024-05-01T12:00:00.250+02:00`)
@@ -114,6 +131,10 @@ mod tests {
     #[test]
     fn formats_known_instants() {
         assert_eq!(super::rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(super::rfc3339_ms(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(super::rfc3339_ms(253_402_300_800_000), "10000-01-01T00:00:00.000Z");
+        assert_eq!(super::rfc3339_ms(1_733_011_205_007), "2024-12-01T00:00:05.007Z");
         assert_eq!(super::rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(super::rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
