@@ -545,18 +545,23 @@ impl Overlay {
         }
     }
 
-    /// The encoded values of `doc`'s non-unique index fields (a value of the wrong type
-    /// is not indexed, as in [`Worker::change`]).
+    /// The encoded values of `doc`'s non-unique index fields.
     fn plain_values(&self, key: &str, doc: &Value) -> Vec<(usize, Box<[u8]>)> {
         let mut out = Vec::new();
+        self.each_plain_value(key, doc, |i, v| out.push((i, v.into_boxed_slice())));
+        out
+    }
+
+    /// Calls `f` with each non-unique index of `doc` (position, encoded value); a value
+    /// of the wrong type is not indexed, as in [`Worker::change`].
+    fn each_plain_value(&self, key: &str, doc: &Value, mut f: impl FnMut(usize, Vec<u8>)) {
         for (i, idx) in self.svc.indexes.iter().enumerate().filter(|(_, idx)| !idx.unique) {
             match idx.extract(doc) {
-                Ok(Some(v)) => out.push((i, encode_value(&v).into_boxed_slice())),
+                Ok(Some(v)) => f(i, encode_value(&v)),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(view = self.svc.storage.as_str(), key, error = %e, "row value not indexed"),
             }
         }
-        out
     }
 
     /// Everything held, to write; the overlay is left empty and no longer whole.
@@ -565,20 +570,28 @@ impl Overlay {
         let rows = std::mem::take(self.rows.get_mut());
         // A row has at most one entry in each index.
         let mut write = ViewWrite::with_capacity(&self.svc.storage, rows.len(), rows.len() + self.entries.len());
+        let mut json = Vec::new();
         for (key, slot) in rows {
-            let row = match slot {
-                Slot::Hot { doc, .. } => Some(self.row_of(&key, &doc)),
-                Slot::Cold(row) => row,
-            };
-            match row {
-                Some(Row { json, plain }) => {
+            match slot {
+                // Written straight from the parsed row: no `Row` in between.
+                Slot::Hot { doc, .. } => {
+                    json.clear();
+                    serde_json::to_writer(&mut json, &doc).expect("JSON values serialize");
+                    write.put_row(&key, &json);
+                    if whole {
+                        self.each_plain_value(&key, &doc, |i, value| {
+                            write.put_entry(self.svc.indexes[i].name, &value, &key, false)
+                        });
+                    }
+                }
+                Slot::Cold(Some(Row { json, plain })) => {
                     for (i, value) in plain {
                         write.put_entry(self.svc.indexes[i].name, &value, &key, false);
                     }
                     write.put_row(&key, &json);
                 }
-                None if whole => {}
-                None => write.delete_row(&key),
+                Slot::Cold(None) if whole => {}
+                Slot::Cold(None) => write.delete_row(&key),
             }
         }
         for ((i, value, entry), row) in self.entries.drain() {
