@@ -56,6 +56,34 @@ enum ViewsCommand {
     },
 }
 
+/// Makes this process keep the memory it frees, for a batch command such as `views
+/// rebuild`: it allocates and frees gigabytes, and mimalloc returns freed pages to the OS
+/// after 10 ms, then faults them in again (zeroed) for the next allocations. Unless
+/// `MIMALLOC_PURGE_DELAY` is set already, the process re-executes itself once with it set
+/// to -1 (never return freed memory; the command exits when done). A failed exec is
+/// logged and the command goes on as it is.
+fn keep_freed_memory() {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot find the executable to set MIMALLOC_PURGE_DELAY");
+                return;
+            }
+        };
+        let e = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("MIMALLOC_PURGE_DELAY", "-1")
+            .exec();
+        tracing::debug!(error = %e, "cannot re-execute with MIMALLOC_PURGE_DELAY=-1; going on without");
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -65,6 +93,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Views { .. })) {
+        keep_freed_memory();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => rt.block_on(serve(cli.serve)),
