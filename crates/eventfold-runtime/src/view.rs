@@ -1452,3 +1452,95 @@ fn owner(pending: &Pending, base: &dyn Committed, i: usize, value: &[u8]) -> Res
         None => base.owner(i, value),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Committed rows from a map.
+    struct Base(HashMap<String, Value>);
+
+    impl Committed for Base {
+        fn row(&self, key: &str) -> Result<Option<Value>> {
+            Ok(self.0.get(key).cloned())
+        }
+
+        fn owner(&self, _: usize, _: &[u8]) -> Result<Option<String>> {
+            Ok(None)
+        }
+    }
+
+    fn rows<'a>(
+        pending: &'a mut HashMap<String, Option<Value>>,
+        loaded: &'a RefCell<HashMap<String, Option<Value>>>,
+        keep_loaded: bool,
+        base: &'a Base,
+    ) -> Rows<'a> {
+        Rows {
+            pending: RefCell::new(pending),
+            loaded,
+            keep_loaded,
+            base,
+            error: RefCell::new(None),
+        }
+    }
+
+    fn bump(row: &mut Value) {
+        row["n"] = json!(row["n"].as_u64().unwrap_or(0) + 1);
+    }
+
+    #[test]
+    fn an_update_takes_a_pending_row_and_leaves_a_pending_deletion() {
+        let base = Base(HashMap::from([("gone".to_owned(), json!({"n": 7}))]));
+        let mut pending = HashMap::from([("a".to_owned(), Some(json!({"n": 1}))), ("gone".to_owned(), None)]);
+        let loaded = RefCell::new(HashMap::new());
+        let r = rows(&mut pending, &loaded, false, &base);
+        let mut changes = ViewChanges::new(&r);
+        changes.update("a", bump);
+        changes.update("gone", bump);
+        let (changes, errors) = changes.into_parts();
+        drop(r);
+        assert!(errors.is_empty());
+        assert_eq!(
+            changes,
+            vec![("a".to_owned(), Some(json!({"n": 2})))],
+            "the deleted row stays deleted"
+        );
+        assert!(!pending.contains_key("a"), "taken: its new version replaces it");
+        assert_eq!(pending.get("gone"), Some(&None), "a deletion is not taken away");
+    }
+
+    #[test]
+    fn with_old_rows_needed_an_update_copies_and_keeps_what_it_read() {
+        let base = Base(HashMap::from([("b".to_owned(), json!({"n": 3}))]));
+        let mut pending = HashMap::from([("a".to_owned(), Some(json!({"n": 1})))]);
+        let loaded = RefCell::new(HashMap::new());
+        let r = rows(&mut pending, &loaded, true, &base);
+        let mut changes = ViewChanges::new(&r);
+        changes.update("a", bump);
+        changes.update("b", bump);
+        changes.update("b", bump);
+        let (changes, _) = changes.into_parts();
+        drop(r);
+        assert_eq!(
+            changes,
+            vec![
+                ("a".to_owned(), Some(json!({"n": 2}))),
+                ("b".to_owned(), Some(json!({"n": 4}))),
+                ("b".to_owned(), Some(json!({"n": 5}))),
+            ],
+            "a second update of the same event sees the first"
+        );
+        assert_eq!(
+            pending.get("a"),
+            Some(&Some(json!({"n": 1}))),
+            "the old row stays for the index entries"
+        );
+        assert_eq!(
+            loaded.borrow().get("b"),
+            Some(&Some(json!({"n": 3}))),
+            "the committed row is kept"
+        );
+    }
+}
