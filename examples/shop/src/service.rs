@@ -144,7 +144,13 @@ pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<Reb
     if !dir.exists() {
         bail!("data directory {} does not exist", dir.display());
     }
-    let store = Store::open(&dir, &StoreOptions::default()).with_context(|| {
+    // The rebuild reads the log once, in order: a block cache of the service's size would
+    // only take memory (first touched, so zeroed by the kernel: time) and evict.
+    let store_options = StoreOptions {
+        cache_bytes: 32 << 20,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(&dir, &store_options).with_context(|| {
         format!(
             "cannot open the store in {} (is the service still running on it? stop it first: the store admits one process)",
             dir.display()
