@@ -276,10 +276,15 @@ impl<'a> ViewChanges<'a> {
 
     /// The current document of `key`.
     pub fn get(&self, key: &str) -> Option<Value> {
-        match self.changes.iter().rev().find(|(k, _)| k == key) {
-            Some((_, v)) => v.clone(),
+        match self.changed(key) {
+            Some(v) => v.clone(),
             None => self.rows.row(key),
         }
+    }
+
+    /// The last change of `key` by this event, if any.
+    fn changed(&self, key: &str) -> Option<&Option<Value>> {
+        self.changes.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
     /// Inserts or replaces the row `key`. A key must be 1 to [`MAX_ROW_KEY_BYTES`] bytes;
@@ -302,8 +307,8 @@ impl<'a> ViewChanges<'a> {
 
     /// Changes the row `key` in place, if it exists; `f` gets the document to edit.
     pub fn update(&mut self, key: &str, f: impl FnOnce(&mut Value)) {
-        let doc = match self.changes.iter().rposition(|(k, _)| k == key) {
-            Some(at) => self.changes[at].1.clone(),
+        let doc = match self.changed(key) {
+            Some(v) => v.clone(),
             None => self.rows.row_to_change(key),
         };
         if let Some(mut doc) = doc {

@@ -1132,12 +1132,10 @@ impl<P: Projection> Worker<P> {
             s.commit(b, true)
         }))
         .await?;
-        let threads = self.svc.options.rebuild_threads.max(1);
         let mut overlay = Some(offline::Overlay::new(
             store.clone(),
             self.svc.clone(),
-            self.svc.options.rebuild_cache_bytes / threads,
-            self.svc.options.rebuild_hot_bytes / threads,
+            self.svc.options.rebuild_threads,
         ));
         let mut next = 0;
         let max = self.svc.options.rebuild_batch_events.max(1);

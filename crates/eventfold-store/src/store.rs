@@ -139,8 +139,38 @@ pub(crate) fn concat(parts: &[&[u8]]) -> Vec<u8> {
     k
 }
 
-fn log_key(topic: &str, partition: u32, offset: u64) -> Vec<u8> {
-    concat(&[topic.as_bytes(), &[0], &partition.to_be_bytes(), &offset.to_be_bytes()])
+// Keys: each layout is built here once, for writes and reads alike, straight into
+// fjall's byte type (see `slice_of`); prefixes for scans are plain vectors.
+
+fn log_key(topic: &str, partition: u32, offset: u64) -> Slice {
+    slice_of(&[topic.as_bytes(), &[0], &partition.to_be_bytes(), &offset.to_be_bytes()])
+}
+
+fn entity_key(topic: &str, entity: &[u8], version: u64) -> Slice {
+    slice_of(&[topic.as_bytes(), &[0], entity, &[0], &version.to_be_bytes()])
+}
+
+fn state_key(agg_type: &str, id: &str) -> Slice {
+    slice_of(&[agg_type.as_bytes(), &[0], id.as_bytes()])
+}
+
+fn dedup_key(agg_type: &str, partition: u32, command_id: &str) -> Slice {
+    slice_of(&[
+        agg_type.as_bytes(),
+        &[0],
+        &partition.to_be_bytes(),
+        command_id.as_bytes(),
+    ])
+}
+
+fn dedup_expiry_key(agg_type: &str, partition: u32, timestamp_ms: i64, command_id: &str) -> Slice {
+    slice_of(&[
+        agg_type.as_bytes(),
+        &[0],
+        &partition.to_be_bytes(),
+        &ts_key(timestamp_ms),
+        command_id.as_bytes(),
+    ])
 }
 
 fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
@@ -149,10 +179,6 @@ fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
 
 fn log_end_key(topic: &str, partition: u32) -> String {
     format!("log_end/{topic}/{partition}")
-}
-
-fn entity_prefix(topic: &str, entity: &[u8]) -> Vec<u8> {
-    concat(&[topic.as_bytes(), &[0], entity, &[0]])
 }
 
 fn dedup_prefix(agg_type: &str, partition: u32) -> Vec<u8> {
@@ -267,8 +293,7 @@ impl Batch {
 
     /// Appends a record encoded beforehand (so a single writer thread only builds keys).
     pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
-        let key = slice_of(&[topic.as_bytes(), &[0], &partition.to_be_bytes(), &offset.to_be_bytes()]);
-        self.put(Table::Log, key, record.0);
+        self.put(Table::Log, log_key(topic, partition, offset), record.0);
     }
 
     /// Records that `topic`/`partition` has been seen up to `next` (exclusive) without its
@@ -280,9 +305,8 @@ impl Batch {
 
     /// Indexes version `version` of `entity` in `topic` at `(partition, offset)`.
     pub fn put_entity(&mut self, topic: &str, entity: &[u8], version: u64, partition: u32, offset: u64) {
-        let k = slice_of(&[topic.as_bytes(), &[0], entity, &[0], &version.to_be_bytes()]);
         let v = concat(&[&partition.to_le_bytes(), &offset.to_le_bytes()]);
-        self.put(Table::Entity, k, framed(&v));
+        self.put(Table::Entity, entity_key(topic, entity, version), framed(&v));
     }
 
     /// Sets the state of aggregate `id` of `agg_type`.
@@ -290,40 +314,27 @@ impl Batch {
         let mut v = Vec::with_capacity(8 + json.len());
         v.extend_from_slice(&version.to_le_bytes());
         v.extend_from_slice(json);
-        self.put(
-            Table::State,
-            slice_of(&[agg_type.as_bytes(), &[0], id.as_bytes()]),
-            framed(&v),
-        );
+        self.put(Table::State, state_key(agg_type, id), framed(&v));
     }
 
     /// Records the outcome of `command_id`, expiring from `timestamp_ms` + window.
     pub fn put_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64, outcome: &[u8]) {
-        let (t, p) = (agg_type.as_bytes(), partition.to_be_bytes());
-        let k = slice_of(&[t, &[0], &p, command_id.as_bytes()]);
         let v = concat(&[&timestamp_ms.to_le_bytes(), outcome]);
-        self.put(Table::Dedup, k, framed(&v));
-        let ek = slice_of(&[t, &[0], &p, &ts_key(timestamp_ms), command_id.as_bytes()]);
+        self.put(Table::Dedup, dedup_key(agg_type, partition, command_id), framed(&v));
+        let ek = dedup_expiry_key(agg_type, partition, timestamp_ms, command_id);
         self.put(Table::DedupExpiry, ek, Slice::empty());
     }
 
     /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
     pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        let k = slice_of(&[
-            agg_type.as_bytes(),
-            &[0],
-            &partition.to_be_bytes(),
-            command_id.as_bytes(),
-        ]);
-        self.delete(Table::Dedup, k);
+        self.delete(Table::Dedup, dedup_key(agg_type, partition, command_id));
         self.delete_dedup_expiry(agg_type, partition, command_id, timestamp_ms);
     }
 
     /// Removes only the expiry entry of `command_id` at `timestamp_ms` (the command id was
     /// recorded again later, so its newer outcome must stay).
     pub fn delete_dedup_expiry(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        let (t, p) = (agg_type.as_bytes(), partition.to_be_bytes());
-        let ek = slice_of(&[t, &[0], &p, &ts_key(timestamp_ms), command_id.as_bytes()]);
+        let ek = dedup_expiry_key(agg_type, partition, timestamp_ms, command_id);
         self.delete(Table::DedupExpiry, ek);
     }
 
@@ -455,7 +466,7 @@ impl Store {
 
     /// The state of aggregate `id`, checksum verified.
     pub fn get_state(&self, agg_type: &str, id: &str) -> Result<Option<StateRow>> {
-        let k = key2(agg_type.as_bytes(), id.as_bytes());
+        let k = state_key(agg_type, id);
         let Some(v) = self.table(Table::State).get(&k)? else {
             return Ok(None);
         };
@@ -472,8 +483,7 @@ impl Store {
 
     /// The stored outcome of `command_id`, checksum verified.
     pub fn get_dedup(&self, agg_type: &str, partition: u32, command_id: &str) -> Result<Option<DedupRow>> {
-        let mut k = dedup_prefix(agg_type, partition);
-        k.extend_from_slice(command_id.as_bytes());
+        let k = dedup_key(agg_type, partition, command_id);
         let Some(v) = self.table(Table::Dedup).get(&k)? else {
             return Ok(None);
         };
@@ -556,16 +566,14 @@ impl Store {
     /// Events of `entity` in `topic` from version `from_version` on (at most `max`),
     /// through the per-entity index: costs that entity's events, not a scan.
     pub fn entity_events(&self, topic: &str, entity: &[u8], from_version: u64, max: usize) -> Result<Vec<EntityEvent>> {
-        let prefix = entity_prefix(topic, entity);
-        let mut start = prefix.clone();
-        start.extend_from_slice(&from_version.to_be_bytes());
-        let mut end = prefix.clone();
-        end.extend_from_slice(&u64::MAX.to_be_bytes());
+        let start = entity_key(topic, entity, from_version);
+        let end = entity_key(topic, entity, u64::MAX);
+        let version_at = start.len() - 8;
         let mut out = Vec::new();
         for kv in self.table(Table::Entity).range(start..end).take(max) {
             let (k, v) = kv.into_inner()?;
             let version = u64::from_be_bytes(
-                k[prefix.len()..]
+                k[version_at..]
                     .try_into()
                     .map_err(|_| corrupt(Table::Entity, &k, "key does not end in a version".into()))?,
             );
@@ -637,7 +645,7 @@ impl Store {
     #[doc(hidden)]
     pub fn overwrite_state_raw(&self, agg_type: &str, id: &str, value: &[u8]) -> Result<()> {
         self.table(Table::State)
-            .insert(key2(agg_type.as_bytes(), id.as_bytes()), value.to_vec())?;
+            .insert(state_key(agg_type, id), value.to_vec())?;
         self.db.persist(PersistMode::SyncAll)?;
         Ok(())
     }

@@ -85,8 +85,8 @@ fn check_name(what: &str, s: &str) -> Result<()> {
     Ok(())
 }
 
-fn row_key(view: &str, key: &str) -> Vec<u8> {
-    key2(view.as_bytes(), key.as_bytes())
+fn row_key(view: &str, key: &str) -> Slice {
+    slice_of(&[view.as_bytes(), &[0], key.as_bytes()])
 }
 
 fn index_prefix(view: &str, index: &str) -> Vec<u8> {
@@ -96,11 +96,6 @@ fn index_prefix(view: &str, index: &str) -> Vec<u8> {
 fn entry_key(view: &str, index: &str, value: &[u8], key: &str, unique: bool) -> Slice {
     let key = if unique { &[][..] } else { key.as_bytes() };
     slice_of(&[view.as_bytes(), &[0], index.as_bytes(), &[0], value, key])
-}
-
-/// A row's key, to write.
-fn row_slice(view: &str, key: &str) -> Slice {
-    slice_of(&[view.as_bytes(), &[0], key.as_bytes()])
 }
 
 /// A stored entry as [`Store::dump_view`] lists it: table name, raw key, raw value.
@@ -114,12 +109,12 @@ pub fn view_checkpoint_key(view: &str, topic: &str, partition: u32) -> String {
 impl Batch {
     /// Sets row `key` of `view` to the JSON document `json`.
     pub fn put_view_row(&mut self, view: &str, key: &str, json: &[u8]) {
-        self.put(Table::ViewRow, row_slice(view, key), framed(json));
+        self.put(Table::ViewRow, row_key(view, key), framed(json));
     }
 
     /// Deletes row `key` of `view`.
     pub fn delete_view_row(&mut self, view: &str, key: &str) {
-        self.delete(Table::ViewRow, row_slice(view, key));
+        self.delete(Table::ViewRow, row_key(view, key));
     }
 
     /// Adds the entry `value` (from [`encode_value`]) -> `key` to `index` of `view`.
@@ -196,12 +191,12 @@ impl ViewWrite {
 
     /// Sets row `key` to the JSON document `json`.
     pub fn put_row(&mut self, key: &str, json: &[u8]) {
-        self.rows.push((row_slice(&self.view, key), Some(framed(json))));
+        self.rows.push((row_key(&self.view, key), Some(framed(json))));
     }
 
     /// Deletes row `key`.
     pub fn delete_row(&mut self, key: &str) {
-        self.rows.push((row_slice(&self.view, key), None));
+        self.rows.push((row_key(&self.view, key), None));
     }
 
     /// Adds the entry `value` -> `key` to `index` (as [`Batch::put_view_entry`]).

@@ -129,12 +129,7 @@ pub async fn rebuild<P: Projection>(
                     next: 0,
                 })
                 .collect(),
-            overlay: Overlay::new(
-                store.clone(),
-                svc.clone(),
-                options.rebuild_cache_bytes / threads,
-                options.rebuild_hot_bytes / threads,
-            ),
+            overlay: Overlay::new(store.clone(), svc.clone(), threads),
             topic: source.events.clone(),
             applied: applied.clone(),
             replaced: replaced.clone(),
@@ -398,10 +393,39 @@ const ENTRY: usize = 64;
 /// One parsed row in this many is measured (see [`Overlay::sampled`]).
 const SAMPLE: u64 = 64;
 
-impl Row {
-    /// About the memory the row holds.
-    fn size(&self) -> usize {
-        self.json.len() + self.plain.iter().map(|(_, v)| ENTRY / 2 + v.len()).sum::<usize>()
+/// About the memory a row as JSON (`None`: deleted) holds in the overlay under a key of
+/// `key_len` bytes.
+fn cold_bytes(key_len: usize, row: &Option<Row>) -> usize {
+    ENTRY
+        + key_len
+        + row.as_ref().map_or(0, |r| {
+            r.json.len() + r.plain.iter().map(|(_, v)| ENTRY / 2 + v.len()).sum::<usize>()
+        })
+}
+
+/// `doc` as stored: JSON, and (while the overlay is `whole`) its non-unique index values.
+fn row_of(svc: &ViewService, whole: bool, key: &str, doc: &Value) -> Row {
+    let mut plain = Vec::new();
+    if whole {
+        each_plain_value(svc, key, doc, |i, v| plain.push((i, v.into_boxed_slice())));
+    }
+    Row {
+        json: serde_json::to_vec(doc)
+            .expect("JSON values serialize")
+            .into_boxed_slice(),
+        plain,
+    }
+}
+
+/// Calls `f` with each non-unique index of `doc` (position, encoded value); a value of
+/// the wrong type is not indexed, as in [`Worker::change`].
+fn each_plain_value(svc: &ViewService, key: &str, doc: &Value, mut f: impl FnMut(usize, Vec<u8>)) {
+    for (i, idx) in svc.indexes.iter().enumerate().filter(|(_, idx)| !idx.unique) {
+        match idx.extract(doc) {
+            Ok(Some(v)) => f(i, encode_value(&v)),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(view = svc.storage.as_str(), key, error = %e, "row value not indexed"),
+        }
     }
 }
 
@@ -426,10 +450,14 @@ fn heap_bytes(v: &Value) -> usize {
 }
 
 impl Overlay {
-    /// An empty overlay holding up to `max_bytes` of JSON rows, entries and owners (then
-    /// the caller spills) and `max_hot_bytes` of parsed rows (then the least recently
-    /// changed turn into JSON).
-    pub(super) fn new(store: Store, svc: Arc<ViewService>, max_bytes: usize, max_hot_bytes: usize) -> Self {
+    /// An empty overlay for one of `threads` rebuild threads: its share of
+    /// `rebuild_cache_bytes` for JSON rows, entries and owners (then the caller spills) and
+    /// of `rebuild_hot_bytes` for parsed rows (then the least recently changed turn into
+    /// JSON).
+    pub(super) fn new(store: Store, svc: Arc<ViewService>, threads: usize) -> Self {
+        let threads = threads.max(1);
+        let max_bytes = svc.options.rebuild_cache_bytes / threads;
+        let max_hot_bytes = svc.options.rebuild_hot_bytes / threads;
         Self {
             store,
             svc,
@@ -471,14 +499,15 @@ impl Overlay {
                     }
                 }
                 doc => {
-                    let row = doc.map(|doc| self.row_of(&key, &doc));
-                    self.bytes += ENTRY + key.len() + row.as_ref().map_or(0, Row::size);
+                    let row = doc.map(|doc| row_of(&self.svc, self.whole, &key, &doc));
+                    self.bytes += cold_bytes(key.len(), &row);
                     Slot::Cold(row)
                 }
             };
+            let key_len = key.len();
             match self.rows.get_mut().insert(key, slot) {
                 Some(Slot::Hot { bytes, .. }) => hot_bytes -= bytes,
-                Some(Slot::Cold(row)) => self.bytes -= ENTRY + row.as_ref().map_or(0, |r| r.size()),
+                Some(Slot::Cold(row)) => self.bytes -= cold_bytes(key_len, &row),
                 None => {}
             }
         }
@@ -511,56 +540,21 @@ impl Overlay {
 
     /// Turns the rows batch `batch` left parsed, and no later batch changed, into JSON.
     fn demote(&mut self, batch: u64, keys: Vec<String>) {
+        let rows = self.rows.get_mut();
         for key in keys {
-            let Some(slot) = self.rows.get_mut().get_mut(&key) else {
+            let Some(slot) = rows.get_mut(&key) else {
                 continue;
             };
-            let Slot::Hot { batch: b, .. } = slot else {
+            let Slot::Hot { doc, batch: b, bytes } = slot else {
                 continue;
             };
             if *b != batch {
                 continue;
             }
-            let Slot::Hot { doc, bytes, .. } = std::mem::replace(slot, Slot::Cold(None)) else {
-                unreachable!("matched above");
-            };
-            let row = self.row_of(&key, &doc);
-            self.hot_bytes.set(self.hot_bytes.get() - bytes);
-            self.bytes += row.size();
-            *self.rows.get_mut().get_mut(&key).expect("present") = Slot::Cold(Some(row));
-        }
-    }
-
-    /// `doc` as stored: JSON, and (while whole) its non-unique index values.
-    fn row_of(&self, key: &str, doc: &Value) -> Row {
-        Row {
-            json: serde_json::to_vec(doc)
-                .expect("JSON values serialize")
-                .into_boxed_slice(),
-            plain: if self.whole {
-                self.plain_values(key, doc)
-            } else {
-                Vec::new()
-            },
-        }
-    }
-
-    /// The encoded values of `doc`'s non-unique index fields.
-    fn plain_values(&self, key: &str, doc: &Value) -> Vec<(usize, Box<[u8]>)> {
-        let mut out = Vec::new();
-        self.each_plain_value(key, doc, |i, v| out.push((i, v.into_boxed_slice())));
-        out
-    }
-
-    /// Calls `f` with each non-unique index of `doc` (position, encoded value); a value
-    /// of the wrong type is not indexed, as in [`Worker::change`].
-    fn each_plain_value(&self, key: &str, doc: &Value, mut f: impl FnMut(usize, Vec<u8>)) {
-        for (i, idx) in self.svc.indexes.iter().enumerate().filter(|(_, idx)| !idx.unique) {
-            match idx.extract(doc) {
-                Ok(Some(v)) => f(i, encode_value(&v)),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(view = self.svc.storage.as_str(), key, error = %e, "row value not indexed"),
-            }
+            let row = Some(row_of(&self.svc, self.whole, &key, doc));
+            self.hot_bytes.set(self.hot_bytes.get() - *bytes);
+            self.bytes += cold_bytes(key.len(), &row);
+            *slot = Slot::Cold(row);
         }
     }
 
@@ -579,7 +573,7 @@ impl Overlay {
                     serde_json::to_writer(&mut json, &doc).expect("JSON values serialize");
                     write.put_row(&key, &json);
                     if whole {
-                        self.each_plain_value(&key, &doc, |i, value| {
+                        each_plain_value(&self.svc, &key, &doc, |i, value| {
                             write.put_entry(self.svc.indexes[i].name, &value, &key, false)
                         });
                     }
