@@ -44,6 +44,34 @@ fn create_topics(app: &str) {
     {
         r.expect("topic created");
     }
+    // The controller acknowledges the creation before every broker has the new metadata:
+    // wait until both topics show all their partitions (load-topic refuses a topic it
+    // cannot see, which is right for a user and a race for this test).
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("metadata client");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for name in &names {
+        loop {
+            let visible = consumer
+                .fetch_metadata(Some(name), Duration::from_secs(5))
+                .map(|m| {
+                    m.topics()
+                        .iter()
+                        .any(|t| t.name() == name && t.error().is_none() && t.partitions().len() == PARTITIONS as usize)
+                })
+                .unwrap_or(false);
+            if visible {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "topic {name} not visible 30 s after its creation"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// What the responder does with command number `n` (from the command id `{run}-{n}`).
