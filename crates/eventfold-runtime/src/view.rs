@@ -41,11 +41,12 @@ use eventfold_core::projection::{Event, RowReader};
 use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, Scope, ViewChanges};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
+use foldhash::HashMap;
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1490,9 +1491,15 @@ mod tests {
 
     #[test]
     fn an_update_takes_a_pending_row_and_leaves_a_pending_deletion() {
-        let base = Base(HashMap::from([("gone".to_owned(), json!({"n": 7}))]));
-        let mut pending = HashMap::from([("a".to_owned(), Some(json!({"n": 1}))), ("gone".to_owned(), None)]);
-        let loaded = RefCell::new(HashMap::new());
+        let base = Base(
+            [("gone".to_owned(), json!({"n": 7}))]
+                .into_iter()
+                .collect::<HashMap<_, _>>(),
+        );
+        let mut pending = [("a".to_owned(), Some(json!({"n": 1}))), ("gone".to_owned(), None)]
+            .into_iter()
+            .collect::<HashMap<_, _>>();
+        let loaded = RefCell::new(HashMap::default());
         let r = rows(&mut pending, &loaded, false, &base);
         let mut changes = ViewChanges::new(&r);
         changes.update("a", bump);
@@ -1511,9 +1518,15 @@ mod tests {
 
     #[test]
     fn with_old_rows_needed_an_update_copies_and_keeps_what_it_read() {
-        let base = Base(HashMap::from([("b".to_owned(), json!({"n": 3}))]));
-        let mut pending = HashMap::from([("a".to_owned(), Some(json!({"n": 1})))]);
-        let loaded = RefCell::new(HashMap::new());
+        let base = Base(
+            [("b".to_owned(), json!({"n": 3}))]
+                .into_iter()
+                .collect::<HashMap<_, _>>(),
+        );
+        let mut pending = [("a".to_owned(), Some(json!({"n": 1})))]
+            .into_iter()
+            .collect::<HashMap<_, _>>();
+        let loaded = RefCell::new(HashMap::default());
         let r = rows(&mut pending, &loaded, true, &base);
         let mut changes = ViewChanges::new(&r);
         changes.update("a", bump);

@@ -352,10 +352,100 @@ impl Batch {
 /// A write of one key: its value, or `None` to delete it.
 pub(crate) type KeyOp = (Slice, Option<Slice>);
 
+/// Sorts `ops` by key, stably (of equal keys, the earlier write stays first), and returns
+/// the position (after sorting) of the first key written more than once, if any.
+///
+/// Keys to ingest are many (millions in a view rebuild), mostly longer than fjall keeps
+/// inline, and share long prefixes: a table's or an index's, and often an indexed value
+/// (a status, an amount). Compared directly, each comparison cost a cache miss and a
+/// `memcmp` over those shared bytes. So the prefix all keys share is measured once, and
+/// the keys are sorted by 16-byte digits after it (a radix sort whose digits are sorted
+/// by comparison): each key's next digit is held inline with its position, and only the
+/// keys equal in a digit are sorted again by the next one. The keys are then moved into
+/// place.
+pub(crate) fn sort_ops(ops: &mut [KeyOp]) -> Option<usize> {
+    if ops.len() < 2 {
+        return None;
+    }
+    let first = &ops[0].0;
+    let mut shared = first.len();
+    for (k, _) in &ops[1..] {
+        shared = shared.min(k.len());
+        if first[..shared] != k[..shared] {
+            shared = first.iter().zip(k.iter()).take_while(|(a, b)| a == b).count();
+        }
+    }
+    let mut order: Vec<Digit> = ops.iter().enumerate().map(|(i, (k, _))| digit(k, shared, i)).collect();
+    let mut twice = None;
+    sort_digits(ops, &mut order, shared, 0, &mut twice);
+    // Position i takes the key at `from[i]`: follow each cycle of the permutation,
+    // marking the positions done.
+    let mut from: Vec<usize> = order.into_iter().map(|(_, _, p)| (p & POSITION) as usize).collect();
+    for i in 0..from.len() {
+        let mut j = i;
+        while from[j] != usize::MAX {
+            let k = from[j];
+            from[j] = usize::MAX;
+            if k == i {
+                break;
+            }
+            ops.swap(j, k);
+            j = k;
+        }
+    }
+    twice
+}
+
+/// A key's digit for [`sort_ops`]: bytes `at..at + 16` as two big-endian numbers
+/// (zero-padded), then how many bytes the key has from `at` (capped at 17: more than the
+/// digit) in the top byte and its position in the rest. A key ending inside the digit
+/// thus sorts before a longer one equal to it up to there, and keys equal in the whole
+/// digit and longer than it are told apart by the next digit.
+type Digit = (u64, u64, u64);
+
+const POSITION: u64 = (1 << 56) - 1;
+
+fn digit(k: &[u8], at: usize, position: usize) -> Digit {
+    let word = |from: usize| {
+        let mut b = [0u8; 8];
+        if from < k.len() {
+            let part = &k[from..k.len().min(from + 8)];
+            b[..part.len()].copy_from_slice(part);
+        }
+        u64::from_be_bytes(b)
+    };
+    let left = k.len().saturating_sub(at).min(17) as u64;
+    (word(at), word(at + 8), left << 56 | position as u64)
+}
+
+/// Sorts `order` (digits at `at` of keys equal before `at`, the first at sorted position
+/// `base`), then each run equal in the digit by the next one; notes the first run of
+/// equal keys in `twice`.
+fn sort_digits(ops: &[KeyOp], order: &mut [Digit], at: usize, base: usize, twice: &mut Option<usize>) {
+    order.sort_unstable();
+    let same = |a: &Digit, b: &Digit| a.0 == b.0 && a.1 == b.1 && a.2 >> 56 == b.2 >> 56;
+    let mut i = 0;
+    while i < order.len() {
+        let j = i + order[i..].iter().take_while(|d| same(d, &order[i])).count();
+        if j - i > 1 {
+            if order[i].2 >> 56 == 17 {
+                for d in &mut order[i..j] {
+                    let p = (d.2 & POSITION) as usize;
+                    *d = digit(&ops[p].0, at + 16, p);
+                }
+                sort_digits(ops, &mut order[i..j], at + 16, base + i, twice);
+            } else if twice.is_none() {
+                *twice = Some(base + i);
+            }
+        }
+        i = j;
+    }
+}
+
 /// Sorts `ops` by key (a stable sort: of equal keys the last write wins) and ingests them
 /// into `keyspace`.
 fn ingest_sorted(keyspace: &Keyspace, mut ops: Vec<KeyOp>) -> Result<()> {
-    ops.sort_by(|a, b| a.0[..].cmp(&b.0[..]));
+    sort_ops(&mut ops);
     let mut ops = ops.into_iter().peekable();
     ingest_ordered(
         keyspace,
@@ -665,6 +755,42 @@ fn decode_framed_record(k: &[u8], v: &[u8]) -> Result<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sort_ops` orders like a plain stable sort of the bytes and finds repeated keys:
+    /// keys sharing long prefixes, ending inside or at the compared words, with zero
+    /// bytes (a key ending early must sort before one going on with zeros), and repeats.
+    #[test]
+    fn sort_ops_orders_like_a_stable_byte_sort() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for round in 0..300 {
+            let prefix: Vec<u8> = (0..rng.random_range(0..30)).map(|_| b'p').collect();
+            // Keys are made of a few pieces, so many share long parts past 16 bytes.
+            let max = if round % 3 == 0 { 3 } else { 12 };
+            let pieces: Vec<Vec<u8>> = (0..4)
+                .map(|_| {
+                    let len = rng.random_range(0..max);
+                    (0..len).map(|_| [0u8, 1, b'a', 0xFF][rng.random_range(0..4)]).collect()
+                })
+                .collect();
+            let n = rng.random_range(0..200);
+            let mut ops: Vec<KeyOp> = (0..n)
+                .map(|i| {
+                    let mut k = prefix.clone();
+                    for _ in 0..rng.random_range(0..6) {
+                        k.extend(&pieces[rng.random_range(0..pieces.len())]);
+                    }
+                    (Slice::from(k), Some(Slice::from((i as u32).to_be_bytes().to_vec())))
+                })
+                .collect();
+            let mut expected = ops.clone();
+            expected.sort_by(|a, b| a.0[..].cmp(&b.0[..]));
+            let twice = sort_ops(&mut ops);
+            assert_eq!(ops, expected, "round {round}");
+            let first_repeat = expected.windows(2).position(|w| w[0].0 == w[1].0);
+            assert_eq!(twice, first_repeat, "round {round}");
+        }
+    }
 
     fn temp() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

@@ -16,7 +16,7 @@
 //! only such strings' encodings do: a string prefix query is a key range too.
 
 use crate::codec::{framed, slice_of, unframe};
-use crate::store::{Batch, KeyOp, Store, Table, concat, corrupt, ingest_ordered, key2};
+use crate::store::{Batch, KeyOp, Store, Table, concat, corrupt, ingest_ordered, key2, sort_ops};
 use crate::{Error, Result};
 use eventfold_core::IndexValue;
 use fjall::Readable;
@@ -330,11 +330,8 @@ impl Store {
 
 /// Sorts `ops` by key; a key written twice is an error.
 fn sort_unique(ops: &mut [KeyOp]) -> Result<()> {
-    // As bytes: `Slice`'s own order compares a 4-byte prefix first, which every key of
-    // a view shares.
-    ops.sort_unstable_by(|a, b| a.0[..].cmp(&b.0[..]));
-    match ops.windows(2).find(|w| w[0].0 == w[1].0) {
-        Some(w) => Err(Error::InvalidKey(format!("key {:?} written twice", w[0].0))),
+    match sort_ops(ops) {
+        Some(at) => Err(Error::InvalidKey(format!("key {:?} written twice", ops[at].0))),
         None => Ok(()),
     }
 }

@@ -30,9 +30,10 @@ use crate::view::{ViewOptions, ViewService, storage_name};
 use eventfold_core::{Aggregate, Projection, Scope};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Store, ViewWrite, encode_value, view_checkpoint_key};
+use foldhash::HashMap;
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -255,6 +256,12 @@ impl<P: Projection> Folder<P> {
                 *replaced = true;
             }
         }
+        tracing::debug!(
+            parsed_rows = self.overlay.hot_rows,
+            parsed_row_bytes = self.overlay.sampled.1 / self.overlay.sampled.0.max(1) as usize,
+            demoted = self.overlay.demoted,
+            "rebuild thread: events folded"
+        );
         let rows = self
             .overlay
             .whole
@@ -357,6 +364,8 @@ pub(super) struct Overlay {
     /// assumed average.
     hot_rows: u64,
     sampled: (u64, usize),
+    /// Parsed rows turned into JSON to stay within `max_hot_bytes`.
+    demoted: u64,
     /// As [`Pending::entries`].
     entries: HashMap<(usize, Vec<u8>, String), Option<String>>,
     owners: HashMap<UniqueValue, Option<String>>,
@@ -461,15 +470,16 @@ impl Overlay {
         Self {
             store,
             svc,
-            rows: RefCell::new(HashMap::new()),
+            rows: RefCell::new(HashMap::default()),
             touched: VecDeque::new(),
             batch: 0,
             hot_bytes: Cell::new(0),
             max_hot_bytes,
             hot_rows: 0,
             sampled: (0, 0),
-            entries: HashMap::new(),
-            owners: HashMap::new(),
+            demoted: 0,
+            entries: HashMap::default(),
+            owners: HashMap::default(),
             whole: true,
             bytes: 0,
             max_bytes,
@@ -554,6 +564,7 @@ impl Overlay {
             let row = Some(row_of(&self.svc, self.whole, &key, doc));
             self.hot_bytes.set(self.hot_bytes.get() - *bytes);
             self.bytes += cold_bytes(key.len(), &row);
+            self.demoted += 1;
             *slot = Slot::Cold(row);
         }
     }
