@@ -52,6 +52,15 @@ pub mod headers {
             None => std::borrow::Cow::Owned(name.to_owned()),
         }
     }
+
+    /// As [`name`], from bytes: a standard name is matched without UTF-8 validation; any
+    /// other must be UTF-8.
+    pub fn name_of_bytes(name: &[u8]) -> Result<std::borrow::Cow<'static, str>, std::str::Utf8Error> {
+        match ALL.iter().find(|n| n.as_bytes() == name) {
+            Some(n) => Ok(std::borrow::Cow::Borrowed(n)),
+            None => std::str::from_utf8(name).map(|n| std::borrow::Cow::Owned(n.to_owned())),
+        }
+    }
 }
 
 /// One record of a log: what Kafka calls a record and the embedded log stores verbatim.

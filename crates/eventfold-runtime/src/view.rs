@@ -1372,7 +1372,10 @@ impl<P: Projection> Worker<P> {
     /// Records one row change and the index entries it moves.
     fn change(&self, pending: &mut Pending, base: &dyn Committed, key: String, doc: Option<Value>) -> Result<()> {
         if !self.needs_old(pending) {
-            pending.loaded.get_mut().remove(&key);
+            let loaded = pending.loaded.get_mut();
+            if !loaded.is_empty() {
+                loaded.remove(&key);
+            }
             pending.rows.insert(key, doc);
             return Ok(());
         }

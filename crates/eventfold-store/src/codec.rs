@@ -126,9 +126,10 @@ pub fn decode_record(buf: &[u8]) -> Result<Record, String> {
     let mut headers = Vec::with_capacity(n as usize);
     for _ in 0..n {
         let kl = r.u16()? as usize;
-        let k = std::str::from_utf8(r.take(kl)?).map_err(|_| "header name is not UTF-8".to_owned())?;
+        let k = eventfold_core::envelope::headers::name_of_bytes(r.take(kl)?)
+            .map_err(|_| "header name is not UTF-8".to_owned())?;
         let v = r.bytes32()?;
-        headers.push((eventfold_core::envelope::headers::name(k), v.to_vec()));
+        headers.push((k, v.to_vec()));
     }
     let key = r.bytes32()?.to_vec();
     let value = r.bytes32()?.to_vec();
