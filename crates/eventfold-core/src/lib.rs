@@ -16,7 +16,7 @@ pub mod testing;
 pub mod time;
 
 pub use aggregate::{Aggregate, Context, Reject};
-pub use envelope::{EventView, Outcome, Record};
+pub use envelope::{EventView, Outcome, Record, RecordRef};
 pub use error::{Error, Result};
 pub use harness::AggregateTest;
 pub use position::Position;

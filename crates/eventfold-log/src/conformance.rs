@@ -54,6 +54,7 @@ pub async fn run_all(factory: &dyn Factory, prefix: &str) {
     appends_get_increasing_offsets_per_partition(factory, prefix).await;
     records_round_trip_with_headers_and_timestamps(factory, prefix).await;
     read_respects_from_and_max(factory, prefix).await;
+    read_with_lends_what_read_returns(factory, prefix).await;
     chunked_reads_see_every_record_once(factory, prefix).await;
     consumed_offsets_are_committed_with_the_unit(factory, prefix).await;
     records_built_from_offsets_commit_with_the_unit(factory, prefix).await;
@@ -185,6 +186,49 @@ pub async fn read_respects_from_and_max(factory: &dyn Factory, prefix: &str) {
         log.read(&t, 0, end + 50, 4).await.unwrap().is_empty(),
         "read past the end"
     );
+}
+
+/// `read_with` hands over the records `read` returns, in order, with the same keys,
+/// values, timestamps and headers, and stops as soon as the visitor says so.
+pub async fn read_with_lends_what_read_returns(factory: &dyn Factory, prefix: &str) {
+    let log = factory.open().await;
+    let t = topic(prefix, "lend");
+    let appends = (0..6)
+        .map(|i| {
+            let r = rec(&format!("agg-{i}"), &format!(r#"{{"n":{i}}}"#), 1_700_000_000_000 + i)
+                .with_header("ef-version", i.to_string())
+                .with_header("x-custom", vec![0xFF, i as u8]);
+            append(&t, 0, r)
+        })
+        .collect();
+    let receipt = log
+        .commit(CommitUnit {
+            appends,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let owned = log.read(&t, 0, receipt.offsets[1], 4).await.unwrap();
+    assert_eq!(owned.len(), 4);
+    let mut lent = Vec::new();
+    log.read_with(&t, 0, receipt.offsets[1], 4, &mut |offset, r| {
+        assert_eq!(r.header_str("ef-version"), Some((lent.len() + 1).to_string().as_str()));
+        assert_eq!(r.header("x-custom"), Some(&[0xFF, lent.len() as u8 + 1][..]));
+        assert_eq!(r.header("absent"), None);
+        lent.push((offset, r.to_record()));
+        true
+    })
+    .await
+    .unwrap();
+    assert_eq!(lent, owned, "read_with lends what read returns");
+    let mut seen = 0;
+    log.read_with(&t, 0, 0, 10, &mut |_, _| {
+        seen += 1;
+        seen < 2
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen, 2, "read_with stops when the visitor returns false");
 }
 
 /// Reading a partition chunk by chunk (`from` = the offset after the last record read)

@@ -7,7 +7,7 @@
 
 use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result, offset_key};
 use async_trait::async_trait;
-use eventfold_core::Record;
+use eventfold_core::{Record, RecordRef};
 use eventfold_store::{Batch, EncodedRecord, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -386,6 +386,18 @@ impl Log for EmbeddedLog {
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         self.check_partition(topic, partition)?;
         Ok(self.store.read_log(topic, partition, from, max)?)
+    }
+
+    async fn read_with(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
+    ) -> Result<()> {
+        self.check_partition(topic, partition)?;
+        Ok(self.store.read_log_with(topic, partition, from, max, f)?)
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {

@@ -19,7 +19,7 @@ pub mod kafka;
 pub mod testing;
 
 use async_trait::async_trait;
-use eventfold_core::Record;
+use eventfold_core::{Record, RecordRef};
 use eventfold_store::{Batch, Store};
 use std::sync::Arc;
 
@@ -195,6 +195,25 @@ pub trait Log: Send + Sync + 'static {
     fn commit(&self, unit: CommitUnit) -> CommitFuture;
     /// Reads up to `max` committed records from `from` on.
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>>;
+    /// Reads like [`Log::read`], handing each record to `f` as a [`RecordRef`] until `f`
+    /// returns `false`, instead of collecting owned records. A backend that keeps records
+    /// encoded (the embedded log) lends views into its bytes: no copy and no allocation
+    /// per record. The default reads owned records and lends those.
+    async fn read_with(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
+    ) -> Result<()> {
+        for (offset, record) in self.read(topic, partition, from, max).await? {
+            if !f(offset, record.as_record_ref()) {
+                break;
+            }
+        }
+        Ok(())
+    }
     /// The offset after the last committed record.
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64>;
     /// Counters for metrics.

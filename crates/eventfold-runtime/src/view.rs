@@ -38,7 +38,7 @@ use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
 use eventfold_core::projection::{Event, RowReader};
-use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, Record, Scope, ViewChanges};
+use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, RecordRef, Scope, ViewChanges};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
 use foldhash::HashMap;
@@ -799,6 +799,15 @@ enum Step {
     Fatal(String),
 }
 
+impl From<ReadFailure> for Step {
+    fn from(f: ReadFailure) -> Self {
+        match f {
+            ReadFailure::Read(e) => Step::Read(e),
+            ReadFailure::Decode(e) => Step::Fatal(e),
+        }
+    }
+}
+
 impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -820,31 +829,99 @@ struct Worker<P: Projection> {
 /// The event type of a projection's source aggregate.
 type SourceEvent<P> = <<P as Projection>::Source as Aggregate>::Event;
 
-/// A source record with its payload decoded (a rebuild decodes on its reader's thread).
+/// A source event as a projection sees it: its envelope and its payload, decoded (a
+/// rebuild decodes on its reader's thread).
 struct Decoded<E> {
     offset: u64,
-    record: Record,
+    aggregate_id: String,
+    version: u64,
+    event_type: Arc<str>,
+    timestamp_ms: i64,
     payload: E,
 }
 
-/// Decodes the payloads of `records` of `topic`/`partition`; the first that does not
-/// decode fails them all (the view partition stops there).
+/// Why [`read_events`] stopped.
+enum ReadFailure {
+    /// The log could not be read (worth retrying).
+    Read(String),
+    /// A record is not an event of the source (the view partition stops there).
+    Decode(String),
+}
+
+/// Reads up to `max` events of `topic`/`partition` from `from` on, those below `end`,
+/// and decodes them; the first that does not decode fails them all. Reads through
+/// [`Log::read_with`]: nothing of a record is copied but its aggregate id and payload.
+async fn read_events<P: Projection>(
+    log: &dyn Log,
+    topic: &str,
+    partition: u32,
+    from: u64,
+    max: usize,
+    end: u64,
+) -> Result<Vec<Decoded<SourceEvent<P>>>, ReadFailure> {
+    let mut events = Vec::with_capacity(max.min(16_384));
+    let mut failed = None;
+    // Event type names: a few, shared by every event of their type.
+    let mut types: Vec<Arc<str>> = Vec::new();
+    log.read_with(topic, partition, from, max, &mut |offset, record| {
+        if offset >= end {
+            return false;
+        }
+        match decode::<P>(topic, partition, offset, record, &mut types) {
+            Ok(event) => {
+                events.push(event);
+                true
+            }
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    })
+    .await
+    .map_err(|e| ReadFailure::Read(format!("cannot read {topic}/{partition}: {e}")))?;
+    match failed {
+        Some(e) => Err(ReadFailure::Decode(e)),
+        None => Ok(events),
+    }
+}
+
+/// Decodes the event at `offset` of `topic`/`partition`.
 fn decode<P: Projection>(
     topic: &str,
     partition: u32,
-    records: Vec<(u64, Record)>,
-) -> Result<Vec<Decoded<SourceEvent<P>>>, String> {
-    records
-        .into_iter()
-        .map(|(offset, record)| match serde_json::from_slice(&record.value) {
-            Ok(payload) => Ok(Decoded {
-                offset,
-                record,
-                payload,
-            }),
-            Err(e) => Err(format!("event {topic}/{partition}@{offset} does not decode: {e}")),
-        })
-        .collect()
+    offset: u64,
+    record: RecordRef<'_>,
+    types: &mut Vec<Arc<str>>,
+) -> Result<Decoded<SourceEvent<P>>, String> {
+    let payload = serde_json::from_slice(record.value)
+        .map_err(|e| format!("event {topic}/{partition}@{offset} does not decode: {e}"))?;
+    let aggregate_id = record
+        .header_str(headers::AGGREGATE_ID)
+        .or_else(|| std::str::from_utf8(record.key).ok())
+        .ok_or_else(|| format!("event {topic}/{partition}@{offset} has no aggregate id"))?
+        .to_owned();
+    let version = record
+        .header_str(headers::VERSION)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let name = record.header_str(headers::TYPE).unwrap_or("unknown");
+    let event_type = match types.iter().find(|t| &***t == name) {
+        Some(t) => t.clone(),
+        None => {
+            let t: Arc<str> = Arc::from(name);
+            types.push(t.clone());
+            t
+        }
+    };
+    Ok(Decoded {
+        offset,
+        aggregate_id,
+        version,
+        event_type,
+        timestamp_ms: record.timestamp_ms,
+        payload,
+    })
 }
 
 /// What a batch finds committed before it: rows and unique-index owners.
@@ -1144,15 +1221,12 @@ impl<P: Projection> Worker<P> {
             if self.svc.retired.load(Ordering::Acquire) || !self.svc.is_local(self.partition) {
                 return Ok(false); // the marker stays: the next start removes what was written
             }
-            let records = self
-                .log
-                .read(topic, self.partition, next, max)
+            let events = read_events::<P>(&*self.log, topic, self.partition, next, max, u64::MAX)
                 .await
-                .map_err(|e| Step::Read(format!("cannot read {topic}/{}: {e}", self.partition)))?;
-            let Some(last) = records.last().map(|(o, _)| *o) else {
+                .map_err(Step::from)?;
+            let Some(last) = events.last().map(|e| e.offset) else {
                 break; // only offsets without records are left (Kafka's transaction markers)
             };
-            let events = decode::<P>(topic, self.partition, records).map_err(Step::Fatal)?;
             let worker = self.handle();
             let mut o = overlay.take().expect("put back after each chunk");
             let topic = topic.clone();
@@ -1216,15 +1290,12 @@ impl<P: Projection> Worker<P> {
     /// rows, index entries and next offset in one batch, then publishes the new offset.
     /// Returns how many events it applied (0: none there yet).
     async fn step(&mut self, topic: &str, max: usize) -> Result<usize, Step> {
-        let records = self
-            .log
-            .read(topic, self.partition, self.next, max)
+        let events = read_events::<P>(&*self.log, topic, self.partition, self.next, max, u64::MAX)
             .await
-            .map_err(|e| Step::Read(format!("cannot read {topic}/{}: {e}", self.partition)))?;
-        let Some(next) = records.last().map(|(o, _)| o + 1) else {
+            .map_err(Step::from)?;
+        let Some(next) = events.last().map(|e| e.offset + 1) else {
             return Ok(0);
         };
-        let events = decode::<P>(topic, self.partition, records).map_err(Step::Fatal)?;
         let base = Stored {
             store: self.log.store(),
             view: &self.svc.storage,
@@ -1307,25 +1378,20 @@ impl<P: Projection> Worker<P> {
         let needs_old = self.needs_old(pending);
         for Decoded {
             offset,
-            record,
+            aggregate_id,
+            version,
+            event_type,
+            timestamp_ms,
             payload,
         } in events
         {
             let at = || format!("{topic}/{}@{offset}", self.partition);
-            let aggregate_id = record
-                .header_str(headers::AGGREGATE_ID)
-                .or_else(|| std::str::from_utf8(&record.key).ok())
-                .ok_or_else(|| format!("event {} has no aggregate id", at()))?;
-            let version = record
-                .header_str(headers::VERSION)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
             let event = Event {
                 aggregate_type: <P::Source as Aggregate>::TYPE,
                 aggregate_id,
-                version,
-                event_type: record.header_str(headers::TYPE).unwrap_or("unknown"),
-                timestamp_ms: record.timestamp_ms,
+                version: *version,
+                event_type,
+                timestamp_ms: *timestamp_ms,
                 payload,
             };
             let rows = Rows {

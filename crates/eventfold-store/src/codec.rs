@@ -2,7 +2,8 @@
 //! keys (so they sort) and little-endian in values. Every value is framed as
 //! `crc32(u32 LE) | format(u8) | payload`, the CRC covering format and payload.
 
-use eventfold_core::Record;
+use eventfold_core::envelope::headers;
+use eventfold_core::{Record, RecordRef};
 use fjall::Slice;
 
 /// Current frame format.
@@ -120,26 +121,30 @@ pub fn encode_record(r: &Record) -> Vec<u8> {
 
 /// Decodes what [`encode_record`] wrote.
 pub fn decode_record(buf: &[u8]) -> Result<Record, String> {
+    decode_record_ref(buf, &mut Vec::new()).map(|r| r.to_record())
+}
+
+/// Decodes what [`encode_record`] wrote as views into `buf`, with the headers' places in
+/// `at` (cleared first; reuse it across records: nothing is allocated per record then).
+pub fn decode_record_ref<'a>(buf: &'a [u8], at: &'a mut Vec<[u32; 4]>) -> Result<RecordRef<'a>, String> {
+    at.clear();
     let mut r = Reader::new(buf);
     let timestamp_ms = r.i64()?;
     let n = r.u16()?;
-    let mut headers = Vec::with_capacity(n as usize);
+    let offset = |part: &[u8]| (part.as_ptr() as usize - buf.as_ptr() as usize) as u32;
     for _ in 0..n {
         let kl = r.u16()? as usize;
-        let k = eventfold_core::envelope::headers::name_of_bytes(r.take(kl)?)
-            .map_err(|_| "header name is not UTF-8".to_owned())?;
+        let k = r.take(kl)?;
+        if !headers::ALL.iter().any(|n| n.as_bytes() == k) && std::str::from_utf8(k).is_err() {
+            return Err("header name is not UTF-8".to_owned());
+        }
         let v = r.bytes32()?;
-        headers.push((k, v.to_vec()));
+        at.push([offset(k), k.len() as u32, offset(v), v.len() as u32]);
     }
-    let key = r.bytes32()?.to_vec();
-    let value = r.bytes32()?.to_vec();
+    let key = r.bytes32()?;
+    let value = r.bytes32()?;
     r.finish()?;
-    Ok(Record {
-        key,
-        value,
-        headers,
-        timestamp_ms,
-    })
+    Ok(RecordRef::encoded(key, value, timestamp_ms, buf, at))
 }
 
 #[cfg(test)]

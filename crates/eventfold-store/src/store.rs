@@ -2,7 +2,7 @@
 
 use crate::codec::{Reader, decode_record, encode_record, framed, slice_of, unframe};
 use crate::{Error, Result};
-use eventfold_core::Record;
+use eventfold_core::{Record, RecordRef};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Slice};
 use std::path::Path;
 
@@ -627,6 +627,31 @@ impl Store {
         Ok(out)
     }
 
+    /// As [`Store::read_log`], handing each record to `f` as views into the stored bytes
+    /// (no copy, nothing allocated per record) until `f` returns `false`.
+    pub fn read_log_with(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        f: &mut dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool,
+    ) -> Result<()> {
+        let start = log_key(topic, partition, from);
+        let end = log_key(topic, partition, u64::MAX);
+        let mut at = Vec::new();
+        for kv in self.table(Table::Log).range(start..end).take(max) {
+            let (k, v) = kv.into_inner()?;
+            let record = unframe(&v)
+                .and_then(|payload| crate::codec::decode_record_ref(payload, &mut at))
+                .map_err(|e| corrupt(Table::Log, &k, e))?;
+            if !f(offset_of(&k), record) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// One log record, if present.
     pub fn get_log(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>> {
         let k = log_key(topic, partition, offset);
@@ -887,6 +912,54 @@ mod tests {
         assert!(s.get_dedup("order", 0, "early").unwrap().is_none());
         assert!(s.expired_dedup("order", 0, 200, 10).unwrap().is_empty());
         assert!(s.get_dedup("order", 0, "late").unwrap().is_some());
+    }
+
+    #[test]
+    fn read_log_with_lends_the_stored_records_and_reports_corruption() {
+        let (_dir, s) = temp();
+        let mut b = Batch::new();
+        let records: Vec<Record> = (0..3)
+            .map(|i| {
+                Record {
+                    key: format!("k{i}").into_bytes(),
+                    value: format!(r#"{{"n":{i}}}"#).into_bytes(),
+                    headers: vec![],
+                    timestamp_ms: i,
+                }
+                .with_header("ef-version", i.to_string())
+                .with_header("x-other", vec![0xFE, i as u8])
+            })
+            .collect();
+        for (i, r) in records.iter().enumerate() {
+            b.put_log("t", 0, i as u64, r);
+        }
+        // A frame whose checksum holds but whose payload is not a record.
+        b.put(Table::Log, log_key("t", 0, 3), framed(b"not a record"));
+        s.commit(b, false).unwrap();
+        let mut lent = Vec::new();
+        let err = s
+            .read_log_with("t", 0, 0, 10, &mut |o, r| {
+                lent.push((o, r.to_record()));
+                true
+            })
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            lent,
+            records
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| (i as u64, r))
+                .collect::<Vec<_>>()
+        );
+        assert!(err.contains("table `log`"), "{err}");
+        let mut first = Vec::new();
+        s.read_log_with("t", 0, 1, 10, &mut |o, _| {
+            first.push(o);
+            false
+        })
+        .unwrap();
+        assert_eq!(first, vec![1], "stops when the visitor returns false");
     }
 
     #[test]

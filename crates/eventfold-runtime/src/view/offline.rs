@@ -22,7 +22,8 @@
 //! The checkpoints and the removal of the rebuild marker are committed last, in one batch.
 
 use super::{
-    Committed, Decoded, Pending, SourceEvent, UniqueValue, Worker, decode, parse_row, rebuild_marker_key, service,
+    Committed, Decoded, Pending, ReadFailure, SourceEvent, UniqueValue, Worker, parse_row, read_events,
+    rebuild_marker_key, service,
 };
 use crate::error::{Error, Result};
 use crate::service::Topics;
@@ -310,26 +311,23 @@ async fn read<P: Projection>(
         let mut next = 0;
         while next < end {
             let want = max.min((end - next).try_into().unwrap_or(usize::MAX));
-            let mut records = match log.read(&topic, p, next, want).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = tx.send(Err((p, format!("cannot read {topic}/{p}: {e}")))).await;
-                    return;
+            let chunk = match read_events::<P>(&*log, &topic, p, next, want, end).await {
+                Ok(events) => {
+                    // Records appended since the start (in Kafka, by other instances) wait
+                    // for the live workers: the rebuild stops at the ends it took.
+                    let Some(last) = events.last().map(|e| e.offset) else {
+                        // Only offsets without records are left (Kafka's transaction markers).
+                        break;
+                    };
+                    next = last + 1;
+                    Ok(Chunk {
+                        partition: p,
+                        events,
+                        next,
+                    })
                 }
+                Err(ReadFailure::Read(e) | ReadFailure::Decode(e)) => Err(e),
             };
-            // Records appended since the start (in Kafka, by other instances) wait for the
-            // live workers: the rebuild stops at the ends it took.
-            records.retain(|(o, _)| *o < end);
-            let Some(last) = records.last().map(|(o, _)| *o) else {
-                // Only offsets without records are left (Kafka's transaction markers).
-                break;
-            };
-            next = last + 1;
-            let chunk = decode::<P>(&topic, p, records).map(|events| Chunk {
-                partition: p,
-                events,
-                next,
-            });
             let failed = chunk.is_err();
             if tx.send(chunk.map_err(|e| (p, e))).await.is_err() || failed {
                 return;
