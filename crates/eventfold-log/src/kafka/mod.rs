@@ -69,7 +69,7 @@ pub use provision::{single_replica_risk, topic_config};
 use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result};
 use async_trait::async_trait;
 use clients::Clients;
-use eventfold_core::Record;
+use eventfold_core::{Record, RecordRef};
 use eventfold_store::Store;
 use provision::Provisioner;
 use rdkafka::producer::FutureRecord;
@@ -516,6 +516,27 @@ impl Log for KafkaLog {
             s.read(&topic, partition, from, max)
         })
         .await
+    }
+
+    async fn read_with(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
+    ) -> Result<()> {
+        self.shared.check_partition(topic, partition)?;
+        // Cached records are lent straight from the store (as `read` reads them there).
+        if max > 0 && from < self.store.stored_log_end(topic, partition)? {
+            return Ok(self.store.read_log_with(topic, partition, from, max, f)?);
+        }
+        for (offset, record) in self.read(topic, partition, from, max).await? {
+            if !f(offset, record.as_record_ref()) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
