@@ -207,11 +207,7 @@ pub trait Log: Send + Sync + 'static {
         max: usize,
         f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
     ) -> Result<()> {
-        for (offset, record) in self.read(topic, partition, from, max).await? {
-            if !f(offset, record.as_record_ref()) {
-                break;
-            }
-        }
+        lend(self.read(topic, partition, from, max).await?, f);
         Ok(())
     }
     /// The offset after the last committed record.
@@ -413,4 +409,14 @@ impl Membership {
 /// The name of the meta entry holding a consumer group's offset.
 pub fn offset_key(group: &str, topic: &str, partition: u32) -> String {
     format!("offset/{group}/{topic}/{partition}")
+}
+
+/// Hands `records` to `f` as [`RecordRef`]s until it returns `false` (what
+/// [`Log::read_with`] does with owned records).
+pub fn lend(records: Vec<(u64, Record)>, f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send)) {
+    for (offset, record) in records {
+        if !f(offset, record.as_record_ref()) {
+            break;
+        }
+    }
 }

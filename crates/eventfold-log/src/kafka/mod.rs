@@ -531,11 +531,7 @@ impl Log for KafkaLog {
         if max > 0 && from < self.store.stored_log_end(topic, partition)? {
             return Ok(self.store.read_log_with(topic, partition, from, max, f)?);
         }
-        for (offset, record) in self.read(topic, partition, from, max).await? {
-            if !f(offset, record.as_record_ref()) {
-                break;
-            }
-        }
+        crate::lend(self.read(topic, partition, from, max).await?, f);
         Ok(())
     }
 
