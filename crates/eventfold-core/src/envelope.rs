@@ -47,19 +47,15 @@ pub mod headers {
     /// A header name as a record holds it: the names above without an allocation (a
     /// decoded record has about eight of them), any other one copied.
     pub fn name(name: &str) -> std::borrow::Cow<'static, str> {
-        match ALL.iter().find(|n| **n == name) {
+        match standard(name.as_bytes()) {
             Some(n) => std::borrow::Cow::Borrowed(n),
             None => std::borrow::Cow::Owned(name.to_owned()),
         }
     }
 
-    /// As [`name`], from bytes: a standard name is matched without UTF-8 validation; any
-    /// other must be UTF-8.
-    pub fn name_of_bytes(name: &[u8]) -> Result<std::borrow::Cow<'static, str>, std::str::Utf8Error> {
-        match ALL.iter().find(|n| n.as_bytes() == name) {
-            Some(n) => Ok(std::borrow::Cow::Borrowed(n)),
-            None => std::str::from_utf8(name).map(|n| std::borrow::Cow::Owned(n.to_owned())),
-        }
+    /// The name above spelled `name`, if any (matched as bytes: no UTF-8 check needed).
+    pub fn standard(name: &[u8]) -> Option<&'static str> {
+        ALL.iter().find(|n| n.as_bytes() == name).copied()
     }
 }
 
@@ -184,8 +180,11 @@ impl<'a> RecordRef<'a> {
     pub fn to_record(&self) -> Record {
         let mut headers = Vec::new();
         self.each_header(|k, v| {
-            let name =
-                headers::name_of_bytes(k).unwrap_or_else(|_| Cow::Owned(String::from_utf8_lossy(k).into_owned()));
+            // Names are UTF-8 (`encoded` requires it): the lossy conversion loses nothing.
+            let name = match headers::standard(k) {
+                Some(n) => Cow::Borrowed(n),
+                None => Cow::Owned(String::from_utf8_lossy(k).into_owned()),
+            };
             headers.push((name, v.to_vec()));
             true
         });

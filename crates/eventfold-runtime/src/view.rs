@@ -1560,14 +1560,8 @@ mod tests {
 
     #[test]
     fn an_update_takes_a_pending_row_and_leaves_a_pending_deletion() {
-        let base = Base(
-            [("gone".to_owned(), json!({"n": 7}))]
-                .into_iter()
-                .collect::<HashMap<_, _>>(),
-        );
-        let mut pending = [("a".to_owned(), Some(json!({"n": 1}))), ("gone".to_owned(), None)]
-            .into_iter()
-            .collect::<HashMap<_, _>>();
+        let base = Base(HashMap::from_iter([("gone".to_owned(), json!({"n": 7}))]));
+        let mut pending = HashMap::from_iter([("a".to_owned(), Some(json!({"n": 1}))), ("gone".to_owned(), None)]);
         let loaded = RefCell::new(HashMap::default());
         let r = rows(&mut pending, &loaded, false, &base);
         let mut changes = ViewChanges::new(&r);
@@ -1587,14 +1581,8 @@ mod tests {
 
     #[test]
     fn with_old_rows_needed_an_update_copies_and_keeps_what_it_read() {
-        let base = Base(
-            [("b".to_owned(), json!({"n": 3}))]
-                .into_iter()
-                .collect::<HashMap<_, _>>(),
-        );
-        let mut pending = [("a".to_owned(), Some(json!({"n": 1})))]
-            .into_iter()
-            .collect::<HashMap<_, _>>();
+        let base = Base(HashMap::from_iter([("b".to_owned(), json!({"n": 3}))]));
+        let mut pending = HashMap::from_iter([("a".to_owned(), Some(json!({"n": 1})))]);
         let loaded = RefCell::new(HashMap::default());
         let r = rows(&mut pending, &loaded, true, &base);
         let mut changes = ViewChanges::new(&r);

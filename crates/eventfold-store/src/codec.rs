@@ -135,7 +135,7 @@ pub fn decode_record_ref<'a>(buf: &'a [u8], at: &'a mut Vec<[u32; 4]>) -> Result
     for _ in 0..n {
         let kl = r.u16()? as usize;
         let k = r.take(kl)?;
-        if !headers::ALL.iter().any(|n| n.as_bytes() == k) && std::str::from_utf8(k).is_err() {
+        if headers::standard(k).is_none() && std::str::from_utf8(k).is_err() {
             return Err("header name is not UTF-8".to_owned());
         }
         let v = r.bytes32()?;

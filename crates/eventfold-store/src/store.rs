@@ -617,13 +617,11 @@ impl Store {
 
     /// Reads up to `max` log records of `topic`/`partition` from `from` on.
     pub fn read_log(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
-        let start = log_key(topic, partition, from);
-        let end = log_key(topic, partition, u64::MAX);
         let mut out = Vec::with_capacity(max.min(1024));
-        for kv in self.table(Table::Log).range(start..end).take(max) {
-            let (k, v) = kv.into_inner()?;
-            out.push((offset_of(&k), decode_framed_record(&k, &v)?));
-        }
+        self.read_log_with(topic, partition, from, max, &mut |offset, r| {
+            out.push((offset, r.to_record()));
+            true
+        })?;
         Ok(out)
     }
 

@@ -457,6 +457,13 @@ impl Drop for KafkaLog {
     }
 }
 
+/// Whether a read of `topic`/`partition` from `from` is served by the local cache: it holds
+/// every committed record of a kept topic below the end of what it stores (see the module
+/// docs), so those are read there, not from the broker.
+fn cached(store: &Store, topic: &str, partition: u32, from: u64, max: usize) -> Result<bool> {
+    Ok(max > 0 && from < store.stored_log_end(topic, partition)?)
+}
+
 #[async_trait]
 impl Log for KafkaLog {
     fn backend(&self) -> &'static str {
@@ -508,9 +515,7 @@ impl Log for KafkaLog {
         let topic = topic.to_owned();
         let store = self.store.clone();
         self.blocking(move |s| {
-            // The local cache holds every committed record of a kept topic below the end
-            // of what it stores (see the module docs): read those here, not from the broker.
-            if max > 0 && from < store.stored_log_end(&topic, partition)? {
+            if cached(&store, &topic, partition, from, max)? {
                 return Ok(store.read_log(&topic, partition, from, max)?);
             }
             s.read(&topic, partition, from, max)
@@ -527,8 +532,7 @@ impl Log for KafkaLog {
         f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
     ) -> Result<()> {
         self.shared.check_partition(topic, partition)?;
-        // Cached records are lent straight from the store (as `read` reads them there).
-        if max > 0 && from < self.store.stored_log_end(topic, partition)? {
+        if cached(&self.store, topic, partition, from, max)? {
             return Ok(self.store.read_log_with(topic, partition, from, max, f)?);
         }
         crate::lend(self.read(topic, partition, from, max).await?, f);
