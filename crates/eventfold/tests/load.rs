@@ -592,3 +592,114 @@ async fn get_mode_sends_queries_to_the_path_template() {
     assert_eq!(summary.status_count(404), 10);
     assert!(summary.check().is_err());
 }
+
+/// A raw HTTP/1.1 server on a free port that answers each request with `status` and then,
+/// when `close` is set, `Connection: close` and closes; with `silent` it reads and never
+/// answers. Counts the connections it accepted.
+async fn raw_server(close: bool, silent: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: its head and the Content-Length bytes after it.
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if buf.len() < end + 4 + len {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    }
+                    buf.drain(..end + 4 + len);
+                    if silent {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    let body = r#"{"aggregate_id":"x","version":1,"events":[],"position":"p"}"#;
+                    let connection = if close { "close" } else { "keep-alive" };
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if socket.write_all(response.as_bytes()).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_server_closes_is_opened_again() {
+    let (url, accepted) = raw_server(true, false).await;
+    let opts = LoadOptions {
+        retries: 0,
+        concurrency: 2,
+        ..options(&url, 20)
+    };
+
+    let summary = load::run(opts).await.unwrap();
+
+    assert_eq!(summary.status_count(200), 20, "{:?}", summary.first_error);
+    assert_eq!(summary.errors, 0);
+    // `Connection: close` after every response: one connection per request.
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_connections_carry_many_requests() {
+    let (url, accepted) = raw_server(false, false).await;
+    let opts = LoadOptions {
+        retries: 0,
+        concurrency: 3,
+        ..options(&url, 60)
+    };
+
+    let summary = load::run(opts).await.unwrap();
+
+    assert_eq!(summary.status_count(200), 60, "{:?}", summary.first_error);
+    // One connection per worker, kept for the whole run.
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_without_an_answer_times_out_and_is_retried_on_a_new_connection() {
+    let (url, accepted) = raw_server(false, true).await;
+    let opts = LoadOptions {
+        retries: 1,
+        retry_after_max: Duration::from_millis(5),
+        timeout: Duration::from_millis(200),
+        concurrency: 1,
+        ..options(&url, 2)
+    };
+
+    let summary = load::run(opts).await.unwrap();
+
+    assert_eq!(summary.errors, 2);
+    assert_eq!(summary.retries, 2);
+    let error = summary.first_error.clone().unwrap();
+    assert!(error.contains("no complete response within 200ms"), "{error}");
+    // Every attempt after a timeout connects again: 2 requests x 2 attempts.
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 4);
+}

@@ -23,12 +23,15 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, RETRY_AFTER};
-use reqwest::{Client, Url};
+use reqwest::Url;
+use reqwest::header::{HeaderMap, HeaderName, RETRY_AFTER};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{self, Instant};
+
+mod client;
+use client::{Call, Connection, Target};
 
 /// Most concurrent workers one run may start.
 pub const CONCURRENCY_MAX: usize = 10_000;
@@ -499,7 +502,10 @@ impl fmt::Display for Summary {
 
 /// State shared by the workers of one run.
 struct Shared {
-    client: Client,
+    /// Where the connections go.
+    target: Target,
+    /// Timeout of one attempt.
+    timeout: Duration,
     /// `{base}/v1/aggregates/{type}`; the id and `commands` are appended per request.
     type_url: Url,
     template: Template,
@@ -538,13 +544,8 @@ enum Attempt {
 
 impl Shared {
     fn new(opts: &LoadOptions) -> anyhow::Result<Self> {
-        let client = Client::builder()
-            .pool_max_idle_per_host(opts.concurrency)
-            .tcp_nodelay(true)
-            .timeout(opts.timeout)
-            .build()
-            .context("building the HTTP client")?;
         let mut type_url = Url::parse(&opts.url)?;
+        let target = Target::of(&type_url)?;
         type_url
             .path_segments_mut()
             .map_err(|()| anyhow::anyhow!("url {:?} cannot carry a path", opts.url))?
@@ -557,7 +558,8 @@ impl Shared {
             Limit::Count(count) => (None, Some(count)),
         };
         Ok(Self {
-            client,
+            target,
+            timeout: opts.timeout,
             type_url,
             template: Template::parse(&opts.body),
             get: opts
@@ -581,6 +583,7 @@ impl Shared {
     }
 
     async fn worker(self: Arc<Self>, worker: usize, mut stop: watch::Receiver<bool>, mut rng: StdRng) {
+        let mut connection = Connection::default();
         loop {
             if *stop.borrow() {
                 return;
@@ -617,7 +620,7 @@ impl Shared {
             {
                 return;
             }
-            let (response, retries) = self.execute(n, worker, &mut rng, &stop).await;
+            let (response, retries) = self.execute(&mut connection, n, worker, &mut rng, &stop).await;
             let done = Instant::now();
             let mut tally = lock(&self.tally);
             if measured {
@@ -629,7 +632,14 @@ impl Shared {
     }
 
     /// Sends request `n`, retrying with the same idempotency key.
-    async fn execute(&self, n: u64, worker: usize, rng: &mut StdRng, stop: &watch::Receiver<bool>) -> (Response, u32) {
+    async fn execute(
+        &self,
+        connection: &mut Connection,
+        n: u64,
+        worker: usize,
+        rng: &mut StdRng,
+        stop: &watch::Receiver<bool>,
+    ) -> (Response, u32) {
         let id = match self.ids {
             Ids::Fresh => format!("{}{}-{n}", self.id_prefix, self.run_id),
             Ids::Random { count } => format!("{}{}", self.id_prefix, rng.random_range(0..count)),
@@ -648,11 +658,15 @@ impl Shared {
                 url
             }
         };
-        let body = self.template.render(&id, n, worker);
+        let path = match url.query() {
+            Some(q) => format!("{}?{q}", url.path()),
+            None => url.path().to_owned(),
+        };
+        let body = bytes::Bytes::from(self.template.render(&id, n, worker));
         let key = format!("{}-{n}", self.run_id);
         let mut retries = 0;
         loop {
-            let attempt = self.attempt(&url, &key, &body).await;
+            let attempt = self.attempt(connection, &path, &key, &body).await;
             let delay = match &attempt {
                 Attempt::Status {
                     status: 503,
@@ -669,27 +683,17 @@ impl Shared {
         }
     }
 
-    async fn attempt(&self, url: &Url, key: &str, body: &str) -> Attempt {
-        let request = if self.get.is_some() {
-            self.client.get(url.clone())
-        } else {
-            self.client
-                .post(url.clone())
-                .header(IDEMPOTENCY_KEY, key)
-                .header(CONTENT_TYPE, "application/json")
-                .body(body.to_owned())
+    async fn attempt(&self, connection: &mut Connection, path: &str, key: &str, body: &bytes::Bytes) -> Attempt {
+        let call = Call {
+            path,
+            command: self.get.is_none().then(|| (key, body.clone())),
         };
-        let sent = request.send().await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(e) => return Attempt::Error(error_chain(&e)),
-        };
-        let status = response.status().as_u16();
-        let retry_after = parse_retry_after(response.headers());
-        // Read the body to the end so the connection goes back to the pool.
-        match response.bytes().await {
-            Ok(_) => Attempt::Status { status, retry_after },
-            Err(e) => Attempt::Error(error_chain(&e)),
+        match connection.send(&self.target, call, self.timeout).await {
+            Ok(reply) => Attempt::Status {
+                status: reply.status,
+                retry_after: reply.retry_after,
+            },
+            Err(e) => Attempt::Error(e),
         }
     }
 
