@@ -302,6 +302,41 @@ async fn a_producer_fenced_by_another_instance_stops() {
     assert_eq!(values(second.read(&t, 1, 0, 10).await.unwrap()), vec![b"2".to_vec()]);
 }
 
+/// A lane's producers take turns, one transaction each, and its transactions stay in
+/// order; a second instance fences every producer of the lane, not only the one it
+/// would use first (its open initializes them all), so the first instance's next
+/// transaction, whichever producer's turn it is, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_producer_of_a_lane_commits_in_turn_and_is_fenced() {
+    let bootstrap = require_broker();
+    let prefix = format!("turns-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let lane = |mut o: KafkaOptions| {
+        o.committers = 1;
+        o.producers_per_committer = 3;
+        o
+    };
+    let first = open_log(lane(options(&bootstrap, 1, &prefix)), &dir, "a").await;
+    let mut offsets = Vec::new();
+    for i in 0..7u8 {
+        offsets.push(first.commit(one(&t, 0, vec![b'0' + i])).await.unwrap().offsets[0]);
+    }
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "{offsets:?}");
+    let read = first.read(&t, 0, 0, 100).await.unwrap();
+    let values: Vec<Vec<u8>> = read.iter().map(|(_, r)| r.value.clone()).collect();
+    assert_eq!(values, (0..7u8).map(|i| vec![b'0' + i]).collect::<Vec<_>>());
+    assert_eq!(read.iter().map(|(o, _)| *o).collect::<Vec<_>>(), offsets);
+    // Seven transactions over three producers: the next one is the second producer's.
+    let second = open_log(lane(options(&bootstrap, 1, &prefix)), &dir, "b").await;
+    let e = first.commit(one(&t, 0, b"zombie".to_vec())).await.unwrap_err();
+    assert!(e.to_string().contains("fenced"), "{e}");
+    second.commit(one(&t, 0, b"second".to_vec())).await.unwrap();
+    let read = second.read(&t, 0, 0, 100).await.unwrap();
+    assert_eq!(read.len(), 8, "the zombie's record never lands: {read:?}");
+    assert_eq!(read[7].1.value, b"second");
+}
+
 /// Reads end at the end of committed data without waiting out a timeout, also when only a
 /// transaction marker lies between `from` and the end, and when readers are reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,12 @@ pub struct ServeOptions {
     /// it constant across restarts of an instance.
     #[arg(long, env = "EVENTFOLD_KAFKA_COMMITTERS", default_value_t = KafkaOptions::new("", 1, "").committers)]
     pub kafka_committers: usize,
+    /// Kafka mode: transactional producers per committer, taken in turn one transaction
+    /// each (ids `<committer's id>.1`, `.2`, ... after the first), so a transaction need
+    /// not wait for the broker to finish the previous one's markers. Keep it constant
+    /// across restarts of an instance.
+    #[arg(long, env = "EVENTFOLD_KAFKA_PRODUCERS_PER_COMMITTER", default_value_t = KafkaOptions::new("", 1, "").producers_per_committer)]
+    pub kafka_producers_per_committer: usize,
     /// Kafka mode: bound in seconds on every blocking broker call (transaction commit or
     /// abort, offsets, metadata). A transaction that cannot commit within it fails and its
     /// partition recovers from the committed state once the broker answers again.
@@ -199,6 +205,7 @@ fn open_log(opts: &ServeOptions, store: Store, reader: bool) -> anyhow::Result<A
 fn kafka_options(opts: &ServeOptions, bootstrap: &str) -> KafkaOptions {
     KafkaOptions {
         committers: opts.kafka_committers,
+        producers_per_committer: opts.kafka_producers_per_committer,
         operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
         session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
         transaction_timeout: Duration::from_secs(opts.kafka_transaction_timeout_secs.max(1)),

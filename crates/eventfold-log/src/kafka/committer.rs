@@ -187,12 +187,20 @@ fn is_fenced(e: &KafkaError) -> bool {
 struct Failed(String);
 
 pub(in crate::kafka) struct Committer {
-    /// This committer's `transactional.id` (one per lane, see `KafkaOptions::committers`).
-    transactional_id: String,
+    /// The `transactional.id` of each of this lane's producers (see
+    /// `KafkaOptions::committers` and `KafkaOptions::producers_per_committer`).
+    transactional_ids: Vec<String>,
     shared: Arc<Shared>,
     store: Store,
     stats: Arc<Stats>,
-    producer: Option<TxProducer>,
+    /// The lane's producers, taken in turn, one per transaction: a producer may begin
+    /// its next transaction only once the broker has written the markers of its previous
+    /// one (librdkafka lacks KIP-890), which took as long as a whole transaction on a
+    /// busy broker; the next producer need not wait for them. `None`: to be built (at
+    /// start, and after a failure dropped it).
+    producers: Vec<Option<TxProducer>>,
+    /// The producer of the next transaction.
+    turn: usize,
     /// Sequence number of the current transaction (delivery report tags).
     seq: u64,
     /// Topic-partitions a failed unit wrote or consumed, and why it failed.
@@ -201,24 +209,29 @@ pub(in crate::kafka) struct Committer {
 
 impl Committer {
     pub(in crate::kafka) fn new(
-        transactional_id: String,
+        transactional_ids: Vec<String>,
         shared: Arc<Shared>,
         store: Store,
         stats: Arc<Stats>,
     ) -> Self {
+        assert!(!transactional_ids.is_empty(), "a lane has at least one producer");
         Self {
-            transactional_id,
+            producers: transactional_ids.iter().map(|_| None).collect(),
+            transactional_ids,
             shared,
             store,
             stats,
-            producer: None,
+            turn: 0,
             seq: 0,
             fenced: HashMap::new(),
         }
     }
 
     pub(in crate::kafka) fn run(mut self, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Result<()>>) {
-        let init = self.producer().map(drop);
+        // Every producer of the lane at once: `init_transactions` aborts what an earlier
+        // incarnation left open under its id, which would otherwise hold the partitions'
+        // last stable offsets back until the broker's transaction timeout.
+        let init = self.init_all();
         let failed = init.is_err();
         let _ = ready.send(init);
         if failed {
@@ -245,15 +258,34 @@ impl Committer {
         }
     }
 
-    /// The transactional producer, built and initialized if there is none (at start and
-    /// after a failure that dropped the previous one).
+    /// Builds and initializes every producer of the lane that is missing.
+    fn init_all(&mut self) -> Result<()> {
+        let turn = self.turn;
+        for k in 0..self.producers.len() {
+            self.turn = k;
+            if let Err(e) = self.producer() {
+                self.turn = turn;
+                return Err(e);
+            }
+        }
+        self.turn = turn;
+        Ok(())
+    }
+
+    /// The producer whose turn it is (it exists once `producer` succeeded).
+    fn current(&self) -> &TxProducer {
+        self.producers[self.turn].as_ref().expect("built by transact")
+    }
+
+    /// The transactional producer whose turn it is, built and initialized if there is
+    /// none (at start and after a failure that dropped it).
     fn producer(&mut self) -> Result<&TxProducer> {
-        if self.producer.is_none() {
+        if self.producers[self.turn].is_none() {
             let o = &self.shared.options;
             let timeout_ms = o.transaction_timeout.as_millis().to_string();
             let mut config = base_config(o);
             config
-                .set("transactional.id", &self.transactional_id)
+                .set("transactional.id", &self.transactional_ids[self.turn])
                 .set("transaction.timeout.ms", &timeout_ms)
                 .set("message.timeout.ms", &timeout_ms)
                 .set("linger.ms", "1");
@@ -280,14 +312,14 @@ impl Committer {
                 kafka_error(
                     &format!(
                         "cannot initialize transactions for transactional id `{}`",
-                        self.transactional_id
+                        self.transactional_ids[self.turn]
                     ),
                     e,
                 )
             })?;
-            self.producer = Some(producer);
+            self.producers[self.turn] = Some(producer);
         }
-        Ok(self.producer.as_ref().expect("just built"))
+        Ok(self.producers[self.turn].as_ref().expect("just built"))
     }
 
     fn commit_group(&mut self, jobs: Vec<Job>) {
@@ -303,10 +335,10 @@ impl Committer {
         let mut ready = Vec::with_capacity(jobs.len());
         for job in jobs {
             if let Some(p) = job.resume {
-                // An initialized producer first: `init_transactions` aborts what a failed
-                // producer of this id left open, which would hold the partitions' last
+                // Initialized producers first: `init_transactions` aborts what a failed
+                // producer of its id left open, which would hold the partitions' last
                 // stable offsets back (and the restore that follows) until it timed out.
-                let answer = match self.producer() {
+                let answer = match self.init_all() {
                     Ok(_) => {
                         // Every earlier unit of the lane was checked (and refused) above:
                         // the writer drained them, later units build on committed state.
@@ -489,7 +521,11 @@ impl Committer {
         // Two sequence numbers: the records built from offsets are a second wave.
         self.seq += 2;
         let seq = self.seq - 1;
-        self.transact_steps(ready, seq).map_err(|e| self.recover(e))
+        let result = self.transact_steps(ready, seq).map_err(|e| self.recover(e));
+        // The next transaction, committed or not, goes to the next producer. Transactions
+        // stay in order: this one was decided (or aborted) before the next one begins.
+        self.turn = (self.turn + 1) % self.producers.len();
+        result
     }
 
     /// Runs every job's `then` on its offsets, checks and produces what they built (a
@@ -516,7 +552,7 @@ impl Committer {
         let second = if count == 0 {
             Vec::new()
         } else {
-            let producer = self.producer.as_ref().expect("built by transact");
+            let producer = self.current();
             producer.context().reset(seq, count);
             self.produce(built.iter().flatten(), seq)
                 .map_err(|e| TxError::Kafka("produce", e))?;
@@ -537,7 +573,7 @@ impl Committer {
 
     fn transact_steps(&self, ready: &mut [Job], seq: u64) -> Result<Vec<u64>, TxError> {
         let timeout = self.shared.options.operation_timeout;
-        let producer = self.producer.as_ref().expect("built by transact");
+        let producer = self.current();
         let records: usize = ready.iter().map(|j| j.appends.len()).sum();
         producer.context().reset(seq, records);
         let t0 = Instant::now();
@@ -590,7 +626,7 @@ impl Committer {
 
     /// Produces `appends` to their explicit partitions, tagged `seq` and their index.
     fn produce<'a>(&self, appends: impl Iterator<Item = &'a Append>, seq: u64) -> Result<(), KafkaError> {
-        let producer = self.producer.as_ref().expect("built by transact");
+        let producer = self.current();
         let deadline = Instant::now() + self.shared.options.operation_timeout;
         for (index, a) in appends.enumerate() {
             let r = &a.record;
@@ -630,7 +666,7 @@ impl Committer {
                 None => groups.push((&c.group, vec![c])),
             }
         }
-        let producer = self.producer.as_ref().expect("built by transact");
+        let producer = self.current();
         let stage = "send_offsets_to_transaction";
         for (group, consumed) in groups {
             let mut last: HashMap<(&str, u32), u64> = HashMap::new();
@@ -661,7 +697,7 @@ impl Committer {
     /// transaction's state with `begin_transaction`, which inside a healthy transaction
     /// only answers "invalid state" and otherwise returns the transaction's error.
     fn delivered(&self, seq: u64) -> Result<Vec<u64>, TxError> {
-        let producer = self.producer.as_ref().expect("built by transact");
+        let producer = self.current();
         let deadline = Instant::now() + self.shared.options.operation_timeout;
         loop {
             if let Some(offsets) = producer.context().offsets(seq, Duration::from_millis(20)) {
@@ -706,19 +742,19 @@ impl Committer {
             TxError::Other(_, why) => why.clone(),
         };
         if abortable && !fatal {
-            let producer = self.producer.as_ref().expect("a failing transaction has a producer");
+            let producer = self.current();
             return match producer.abort_transaction(self.shared.options.operation_timeout) {
                 Ok(()) => Failed(format!("{stage} failed ({what}); the transaction was aborted")),
                 Err(abort) if is_fenced(&abort) => self.poison("abort_transaction", &abort),
                 Err(abort) => {
-                    self.producer = None;
+                    self.producers[self.turn] = None;
                     Failed(format!(
                         "{stage} failed ({what}) and so did the abort ({abort}); the producer is rebuilt, the transaction was not committed"
                     ))
                 }
             };
         }
-        self.producer = None;
+        self.producers[self.turn] = None;
         Failed(format!(
             "{stage} failed ({what}); the outcome of the transaction is unknown (a timed-out commit may still land); the producer is rebuilt"
         ))
@@ -731,7 +767,7 @@ impl Committer {
     /// decides which partitions are still ours (a second process with our instance id is
     /// fenced by the group too, which stops the log; see `member.rs`).
     fn poison(&mut self, stage: &str, e: &KafkaError) -> Failed {
-        self.producer = None;
+        self.producers[self.turn] = None;
         if self.shared.clients.has_joined() {
             return Failed(format!(
                 "{stage}: the producer was fenced ({e}): the broker aborted its transaction (open longer than transaction.timeout.ms, e.g. while this instance was paused); the producer is rebuilt"
@@ -739,7 +775,7 @@ impl Committer {
         }
         let why = format!(
             "{stage}: the producer was fenced ({e}): another instance uses transactional id `{}`",
-            self.transactional_id
+            self.transactional_ids[self.turn]
         );
         self.stop_all(why.clone());
         Failed(why)

@@ -137,6 +137,14 @@ pub struct KafkaOptions {
     /// lanes overlap those waits. Keep it constant for an instance: a lane that disappears
     /// leaves its last open transaction to the broker's transaction timeout.
     pub committers: usize,
+    /// Transactional producers per committer lane, taken in turn, one per transaction
+    /// (`transactional.id` of the lane, then `<lane id>.1`, `<lane id>.2`, ...). A
+    /// producer may begin its next transaction only after the broker has written the
+    /// markers of its previous one (librdkafka lacks KIP-890), which takes about as long
+    /// as a transaction; while one producer's markers are written, the next producer's
+    /// transaction runs. Transactions of a lane stay strictly one after the other. Keep it
+    /// constant for an instance, like `committers`.
+    pub producers_per_committer: usize,
     /// Extra librdkafka properties for every client (e.g. security settings).
     pub client_config: Vec<(String, String)>,
     /// Fault injection for tests.
@@ -172,6 +180,7 @@ impl KafkaOptions {
             max_group_bytes: 32 << 20,
             max_group_units: 4096,
             committers: 2,
+            producers_per_committer: 2,
             client_config: Vec::new(),
             faults: Faults::default(),
         }
@@ -199,6 +208,9 @@ impl KafkaOptions {
         }
         if !(1..=64).contains(&self.committers) {
             return bad("committers must be in 1..=64");
+        }
+        if !(1..=8).contains(&self.producers_per_committer) {
+            return bad("producers per committer must be in 1..=8");
         }
         Ok(())
     }
@@ -350,7 +362,10 @@ impl KafkaLog {
             };
             let (tx, rx) = mpsc::channel();
             let (ready_tx, ready_rx) = mpsc::channel();
-            let committer = committer::Committer::new(id, shared.clone(), store.clone(), stats.clone());
+            let ids = (0..shared.options.producers_per_committer)
+                .map(|j| if j == 0 { id.clone() } else { format!("{id}.{j}") })
+                .collect();
+            let committer = committer::Committer::new(ids, shared.clone(), store.clone(), stats.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("eventfold-kafka-commit-{k}"))
                 .spawn(move || committer.run(rx, ready_tx))
