@@ -316,7 +316,12 @@ class Suite:
             with svc as p:
                 p.wait_http(url + "/readyz", 60)
                 self.warm_up(url=url)
-                runs["eventfold"].append(self.http_load(url, a.duration, a.concurrency))
+                cpu = process_cpu_s(p.proc.pid)
+                r = self.http_load(url, a.duration, a.concurrency)
+                # CPU per request varies far less between runs and sittings than
+                # throughput on this shared VM: the figure to compare changes by.
+                r["service_cpu_us_per_request"] = (process_cpu_s(p.proc.pid) - cpu) * 1e6 / max(r["requests"], 1)
+                runs["eventfold"].append(r)
             shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)
             if a.no_peers:
                 continue
@@ -569,6 +574,12 @@ class Suite:
         charts(self.results, out)
 
 
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def medians(runs: list[dict]) -> dict:
     """Median of the figures of interest over runs (each run a load summary or {ready_s})."""
     def pick(r):
@@ -584,6 +595,7 @@ def medians(runs: list[dict]) -> dict:
             "p99_ms": lat.get("p99"),
             "p99_9_ms": lat.get("p99_9"),
             "failed": r.get("failed", r.get("missing", 0) + r.get("duplicates", 0)),
+            "service_cpu_us_per_request": r.get("service_cpu_us_per_request"),
         }
     picked = [pick(r) for r in runs]
     return {k: statistics.median(p[k] for p in picked) for k in picked[0] if picked[0][k] is not None}
@@ -641,6 +653,11 @@ def markdown(res: dict) -> str:
                 out.append(f"| {system} | {fmt(md.get('throughput_per_s'), 0)} | {fmt(md.get('p50_ms'), 2)} | "
                            f"{fmt(md.get('p90_ms'), 2)} | {fmt(md.get('p99_ms'), 2)} | {fmt(md.get('p99_9_ms'), 2)} | "
                            f"{fmt(md.get('failed'), 0)} | {rs} |")
+            cpu = {system: s["median"]["service_cpu_us_per_request"] for system, s in sc["systems"].items()
+                   if s["median"].get("service_cpu_us_per_request") is not None}
+            if cpu:
+                out += ["", "Service CPU per request (process user + system CPU over the measured run / its requests; "
+                        "median over runs): " + ", ".join(f"{system} {fmt(v, 1)} µs" for system, v in cpu.items())]
         if sc["ratios"]:
             out += ["", "| eventfold / peer | throughput ratio | p99 latency ratio |", "|---|---:|---:|"]
             for r in sc["ratios"]:
