@@ -281,6 +281,58 @@ async fn failures_fence_their_partitions_and_others_keep_working() {
     assert_eq!((got[0].0, got[0].1.value.as_slice()), (ok.offsets[0], &b"resumed"[..]));
 }
 
+/// A unit of lane 0 that also writes to partition 1 of another topic (an outcome for the
+/// results partition its sender listens on) fails: lane 0 is refused until its `resume`,
+/// and then commits again, its outcome to partition 1 included; lane 1, writing to the
+/// same results partition, is never refused because of it. (Before, the fence on the
+/// results partition outlived every `resume` of lane 0: a partition answering another
+/// instance's commands recovered again and again, 200 times in one crash test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_lifts_the_fence_of_a_unit_that_also_wrote_to_another_partition() {
+    let bootstrap = require_broker();
+    let prefix = format!("lanefence-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(&bootstrap, 2, &prefix);
+    // Both lanes on one committer: they share its fences.
+    o.committers = 1;
+    let faults = o.faults.commit_timeouts.clone();
+    let log = open_log(o, &dir, "a").await;
+    let events: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let results: Arc<str> = Arc::from(format!("{prefix}.results"));
+    let unit = |value: &[u8]| {
+        let mut u = one(&events, 0, value.to_vec());
+        u.appends
+            .push(one(&results, 1, [b"outcome of ", value].concat()).appends.remove(0));
+        u.lane = Some(0);
+        u
+    };
+    // A commit that times out: the unit fails, its outcome unknown.
+    faults.store(1, std::sync::atomic::Ordering::Relaxed);
+    let e = log.commit(unit(b"unknown")).await.unwrap_err();
+    assert!(e.to_string().contains("unknown"), "{e}");
+    let e = log.commit(unit(b"later")).await.unwrap_err();
+    assert!(e.to_string().contains("earlier unit"), "lane 0 is fenced: {e}");
+    let mut other = one(&results, 1, b"lane 1".to_vec());
+    other.lane = Some(1);
+    log.commit(other)
+        .await
+        .expect("lane 1 is not fenced by lane 0's failure");
+    log.resume(0).await.unwrap();
+    log.commit(unit(b"resumed"))
+        .await
+        .expect("after its resume lane 0 commits again, its outcome to partition 1 included");
+    let values = |r: Vec<(u64, eventfold_core::Record)>| r.into_iter().map(|(_, r)| r.value).collect::<Vec<_>>();
+    let got = values(log.read(&results, 1, 0, 10).await.unwrap());
+    // The timed-out commit may or may not have landed; what came after did, in order.
+    let after: Vec<Vec<u8>> = got
+        .into_iter()
+        .filter(|v| v.as_slice() != b"outcome of unknown")
+        .collect();
+    assert_eq!(after, vec![b"lane 1".to_vec(), b"outcome of resumed".to_vec()]);
+    let got = values(log.read(&events, 0, 0, 10).await.unwrap());
+    assert_eq!(got.last().map(Vec::as_slice), Some(&b"resumed"[..]), "{got:?}");
+}
+
 /// A second instance with the same transactional id fences the first, which then refuses
 /// every unit (fail-stop) while the second commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,8 @@ pub(in crate::kafka) struct Job {
     bytes: usize,
     largest_record: usize,
     reply: Reply,
+    /// The unit's lane (`CommitUnit::lane`): the partition whose writer built it.
+    lane: Option<u32>,
     /// Not a unit: lift the fence of this partition (see `Log::resume`).
     resume: Option<u32>,
 }
@@ -54,6 +56,7 @@ impl Job {
             consumed: unit.consumed,
             local: unit.local,
             reply,
+            lane: unit.lane,
             resume: None,
         }
     }
@@ -65,10 +68,26 @@ impl Job {
         job
     }
 
-    /// The topic-partitions the unit writes or consumes: what a failure fences.
+    /// The topic-partitions the unit writes or consumes.
     fn partitions(&self) -> impl Iterator<Item = TopicPartition> + '_ {
         let written = self.appends.iter().map(|a| (a.topic.clone(), a.partition));
         written.chain(self.consumed.iter().map(|c| (c.topic.clone(), c.partition)))
+    }
+
+    /// What a failure of this unit fences, and what a fence refuses it for. A unit of lane
+    /// `p` builds on the earlier units of `p`'s writer only: it is fenced by its lane
+    /// (the marker `("", p)`) and the topic-partitions `p` it writes or consumes, not by
+    /// the other partitions it writes to (an outcome for the results partition its sender
+    /// listens on), which only `resume` of their own lane would lift: a partition whose
+    /// units answer commands of another instance recovered again and again, its units
+    /// refused after every `resume`. A unit without a lane: every topic-partition.
+    fn fence_keys(&self) -> Vec<TopicPartition> {
+        match self.lane {
+            Some(p) => std::iter::once((Arc::from(""), p))
+                .chain(self.partitions().filter(|(_, partition)| *partition == p))
+                .collect(),
+            None => self.partitions().collect(),
+        }
     }
 
     fn needs_transaction(&self) -> bool {
@@ -464,14 +483,14 @@ impl Committer {
     }
 
     fn fence(&mut self, job: &Job, why: &str) {
-        for tp in job.partitions() {
+        for tp in job.fence_keys() {
             self.fenced.entry(tp).or_insert_with(|| why.to_owned());
         }
     }
 
     /// What can be checked before the transaction, so that a bad unit fails alone.
     fn check(&self, job: &Job) -> Result<()> {
-        if let Some(why) = job.partitions().find_map(|tp| self.fenced.get(&tp)) {
+        if let Some(why) = job.fence_keys().iter().find_map(|tp| self.fenced.get(tp)) {
             return Err(Error::Closed(format!(
                 "an earlier unit for this partition failed ({why}); restart to recover"
             )));
