@@ -318,8 +318,8 @@ class Suite:
                 self.warm_up(url=url)
                 cpu = process_cpu_s(p.proc.pid)
                 r = self.http_load(url, a.duration, a.concurrency)
-                # CPU per request varies far less between runs and sittings than
-                # throughput on this shared VM: the figure to compare changes by.
+                # What a change to the command path should lower. At this concurrency
+                # the cores are saturated, so it moves with throughput between runs.
                 r["service_cpu_us_per_request"] = (process_cpu_s(p.proc.pid) - cpu) * 1e6 / max(r["requests"], 1)
                 runs["eventfold"].append(r)
             shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)

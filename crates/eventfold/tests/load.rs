@@ -128,6 +128,11 @@ async fn view_row(
 
 /// Starts the server on a free port; returns its base URL.
 async fn start(mode: Mode) -> (String, Server) {
+    start_on(mode, "127.0.0.1:0").await
+}
+
+/// Starts the server on `addr`; returns its base URL.
+async fn start_on(mode: Mode, addr: &str) -> (String, Server) {
     let server = Server {
         mode,
         seen: Arc::default(),
@@ -136,7 +141,7 @@ async fn start(mode: Mode) -> (String, Server) {
         .route("/v1/aggregates/{type}/{id}/commands", post(command))
         .route("/v1/views/{view}/{key}", axum::routing::get(view_row))
         .with_state(server.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (url, server)
@@ -702,4 +707,15 @@ async fn an_attempt_without_an_answer_times_out_and_is_retried_on_a_new_connecti
     assert!(error.contains("no complete response within 200ms"), "{error}");
     // Every attempt after a timeout connects again: 2 requests x 2 attempts.
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_url_is_served() {
+    let (url, server) = start_on(Mode::Accept, "[::1]:0").await;
+    assert!(url.starts_with("http://[::1]:"), "{url}");
+
+    let summary = load::run(options(&url, 10)).await.unwrap();
+
+    assert_eq!(summary.status_count(200), 10, "{:?}", summary.first_error);
+    assert_eq!(server.seen().len(), 10);
 }

@@ -222,7 +222,7 @@ pub(in crate::kafka) struct Committer {
     turn: usize,
     /// Sequence number of the current transaction (delivery report tags).
     seq: u64,
-    /// Topic-partitions a failed unit wrote or consumed, and why it failed.
+    /// What failed units fence (`Job::fence_keys`), and why they failed.
     fenced: HashMap<TopicPartition, String>,
 }
 
@@ -279,16 +279,7 @@ impl Committer {
 
     /// Builds and initializes every producer of the lane that is missing.
     fn init_all(&mut self) -> Result<()> {
-        let turn = self.turn;
-        for k in 0..self.producers.len() {
-            self.turn = k;
-            if let Err(e) = self.producer() {
-                self.turn = turn;
-                return Err(e);
-            }
-        }
-        self.turn = turn;
-        Ok(())
+        (0..self.producers.len()).try_for_each(|k| self.producer_at(k).map(drop))
     }
 
     /// The producer whose turn it is (it exists once `producer` succeeded).
@@ -299,12 +290,17 @@ impl Committer {
     /// The transactional producer whose turn it is, built and initialized if there is
     /// none (at start and after a failure that dropped it).
     fn producer(&mut self) -> Result<&TxProducer> {
-        if self.producers[self.turn].is_none() {
+        self.producer_at(self.turn)
+    }
+
+    /// Producer `k` of the lane, built and initialized if there is none.
+    fn producer_at(&mut self, k: usize) -> Result<&TxProducer> {
+        if self.producers[k].is_none() {
             let o = &self.shared.options;
             let timeout_ms = o.transaction_timeout.as_millis().to_string();
             let mut config = base_config(o);
             config
-                .set("transactional.id", &self.transactional_ids[self.turn])
+                .set("transactional.id", &self.transactional_ids[k])
                 .set("transaction.timeout.ms", &timeout_ms)
                 .set("message.timeout.ms", &timeout_ms)
                 .set("linger.ms", "1");
@@ -331,14 +327,14 @@ impl Committer {
                 kafka_error(
                     &format!(
                         "cannot initialize transactions for transactional id `{}`",
-                        self.transactional_ids[self.turn]
+                        self.transactional_ids[k]
                     ),
                     e,
                 )
             })?;
-            self.producers[self.turn] = Some(producer);
+            self.producers[k] = Some(producer);
         }
-        Ok(self.producers[self.turn].as_ref().expect("just built"))
+        Ok(self.producers[k].as_ref().expect("just built"))
     }
 
     fn commit_group(&mut self, jobs: Vec<Job>) {
