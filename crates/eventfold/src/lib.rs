@@ -4,6 +4,7 @@
 //! CLI (load generator, ...); [`rebuild`] is the offline view rebuild service binaries
 //! expose as a subcommand.
 
+pub mod drop_app;
 pub mod load;
 pub mod load_topic;
 pub mod rebuild;

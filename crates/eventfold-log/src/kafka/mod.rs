@@ -134,7 +134,10 @@ pub struct KafkaOptions {
     /// A unit goes to lane `partition % committers` (its [`CommitUnit::lane`], else its
     /// first partition), so one partition's units keep their order. Kafka completes a
     /// transaction's markers before the same producer may start the next one; several
-    /// lanes overlap those waits. Keep it constant for an instance: a lane that disappears
+    /// lanes overlap those waits (so do a lane's `producers_per_committer`). Default 1:
+    /// every transaction then carries more units, and Kafka's cost is per produce request
+    /// (one per topic-partition per transaction), so one lane costs the broker less CPU.
+    /// Keep it constant for an instance: a lane that disappears
     /// leaves its last open transaction to the broker's transaction timeout.
     pub committers: usize,
     /// Transactional producers per committer lane, taken in turn, one per transaction
@@ -179,7 +182,7 @@ impl KafkaOptions {
             max_record_bytes: 1_000_000,
             max_group_bytes: 32 << 20,
             max_group_units: 4096,
-            committers: 2,
+            committers: 1,
             producers_per_committer: 2,
             client_config: Vec::new(),
             faults: Faults::default(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::builder::StyledStr;
 use clap::builder::styling::Style;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use eventfold::drop_app::{self, DropOptions, DropSummary};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
 use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
@@ -50,6 +51,59 @@ Examples:
   eventfold load-topic --bootstrap 127.0.0.1:9092 --app shop --duration 10s
   eventfold load-topic --rate 5000 --duration 10s --json")]
     LoadTopic(LoadTopicArgs),
+
+    /// Delete an app's Kafka topics (`<app>.*`) and its consumer group `<app>`.
+    ///
+    /// Lists what it would delete unless --yes is given. Meant for test and benchmark
+    /// apps: the events topics are the app's history, and deleting them loses it. Stop
+    /// every instance of the app first (the group of a running app cannot be deleted).
+    #[command(after_help = "\
+Exit status: 0 when listed (or deleted with --yes), 2 on invalid options or when the \
+broker refused.
+
+Examples:
+  eventfold drop-app --app bench-run-1
+  eventfold drop-app --bootstrap 127.0.0.1:9092 --app bench-run-1 --yes")]
+    DropApp(DropAppArgs),
+}
+
+#[derive(Debug, Args)]
+struct DropAppArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "EVENTFOLD_KAFKA_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+
+    /// The app id (the service's --app-id): topics `<app>.*` and group `<app>`.
+    #[arg(long)]
+    app: String,
+
+    /// Delete them; without it only list them.
+    #[arg(long)]
+    yes: bool,
+
+    /// Bound on each broker request, e.g. 10s.
+    #[arg(long, value_parser = load::parse_duration, default_value = "30s")]
+    timeout: Duration,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn drop_app(args: DropAppArgs) -> ExitCode {
+    let opts = DropOptions {
+        bootstrap: args.bootstrap,
+        app: args.app,
+        yes: args.yes,
+        timeout: args.timeout,
+    };
+    report(
+        "drop-app",
+        args.json,
+        drop_app::run(&opts),
+        DropSummary::to_json,
+        |_| Ok(()),
+    )
 }
 
 #[derive(Debug, Args)]
@@ -328,6 +382,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Load(args) => load_http(args),
         Command::LoadTopic(args) => load_topic(args),
+        Command::DropApp(args) => drop_app(args),
     }
 }
 
