@@ -362,16 +362,18 @@ class Suite:
                                 "kafka-streams topic fixed-rate", "eventfold http max", "eventfold http fixed-rate")}
         if self.broker_started and not a.smoke:
             # A broker started a moment ago still compiles its hot paths (its JIT took
-            # about half a core for the first minute of load): that would bias the first
-            # system measured. Load it with a throwaway app first.
+            # about half a core for the first minute of load, and 64 HTTP clients got
+            # 563, 781, 1,019, then 1,421 commands/s in consecutive 15 s runs after a
+            # start): that would bias the first system measured. Load it with a
+            # throwaway app first.
             app = f"efw{self.run_tag}"
-            log(f"warming the new broker up for 60 s (app {app}, discarded)")
+            log(f"warming the new broker up for 120 s (app {app}, discarded)")
             svc, url = self.shop("shop-kafka-warm", self.work / "kafka-warm", kafka=True, app=app,
                                  partitions=a.partitions)
             with svc as p:
                 p.wait_http(url + "/readyz", 120)
-                self.topic_load(app, "40s", in_flight=a.in_flight)
-                self.http_load(url, "20s", a.http_rate_concurrency, rate=a.kafka_rate)
+                self.topic_load(app, "80s", in_flight=a.in_flight)
+                self.http_load(url, "40s", a.http_rate_concurrency, rate=a.kafka_rate)
             shutil.rmtree(self.work / "kafka-warm", ignore_errors=True)
             self.drop_app(app)
         for i in range(a.runs):
