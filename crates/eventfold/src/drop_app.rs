@@ -13,7 +13,6 @@ use anyhow::{Context as _, bail};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
 use serde_json::{Value, json};
 
@@ -75,7 +74,10 @@ impl std::fmt::Display for DropSummary {
 
 /// Whether `topic` belongs to `app` (`<app>.` followed by at least one character).
 pub fn belongs_to(topic: &str, app: &str) -> bool {
-    topic.len() > app.len() + 1 && topic.starts_with(app) && topic.as_bytes()[app.len()] == b'.'
+    topic
+        .strip_prefix(app)
+        .and_then(|rest| rest.strip_prefix('.'))
+        .is_some_and(|rest| !rest.is_empty())
 }
 
 /// Lists the app's topics and group and, with `yes`, deletes them (topics first: the group
@@ -88,10 +90,12 @@ pub fn run(opts: &DropOptions) -> anyhow::Result<DropSummary> {
             opts.app
         );
     }
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &opts.bootstrap);
-    let consumer: BaseConsumer = config.create().context("creating a metadata client")?;
-    let metadata = consumer
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &opts.bootstrap)
+        .create()
+        .context("creating an admin client")?;
+    let metadata = admin
+        .inner()
         .fetch_metadata(None, opts.timeout)
         .with_context(|| format!("reading the topic list from {}", opts.bootstrap))?;
     let mut topics: Vec<String> = metadata
@@ -101,7 +105,8 @@ pub fn run(opts: &DropOptions) -> anyhow::Result<DropSummary> {
         .filter(|t| belongs_to(t, &opts.app))
         .collect();
     topics.sort();
-    let groups = consumer
+    let groups = admin
+        .inner()
         .fetch_group_list(Some(&opts.app), opts.timeout)
         .with_context(|| format!("reading the consumer groups from {}", opts.bootstrap))?;
     let group = groups.groups().iter().any(|g| g.name() == opts.app);
@@ -114,7 +119,6 @@ pub fn run(opts: &DropOptions) -> anyhow::Result<DropSummary> {
     if !opts.yes {
         return Ok(summary);
     }
-    let admin: AdminClient<DefaultClientContext> = config.create().context("creating an admin client")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

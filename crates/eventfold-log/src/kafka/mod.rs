@@ -137,8 +137,8 @@ pub struct KafkaOptions {
     /// lanes overlap those waits (so do a lane's `producers_per_committer`). Default 1:
     /// every transaction then carries more units, and Kafka's cost is per produce request
     /// (one per topic-partition per transaction), so one lane costs the broker less CPU.
-    /// Keep it constant for an instance: a lane that disappears
-    /// leaves its last open transaction to the broker's transaction timeout.
+    /// Keep it constant for an instance: a lane that disappears leaves its last open
+    /// transaction to the broker's transaction timeout.
     pub committers: usize,
     /// Transactional producers per committer lane, taken in turn, one per transaction
     /// (`transactional.id` of the lane, then `<lane id>.1`, `<lane id>.2`, ...). A
