@@ -7,6 +7,7 @@
 pub mod drop_app;
 pub mod load;
 pub mod load_topic;
+pub mod process;
 pub mod rebuild;
 
 pub use eventfold_core as core;

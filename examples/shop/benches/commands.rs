@@ -97,12 +97,17 @@ fn main() {
     let seconds = arg("--seconds", 5);
     let runs = arg("--runs", 3);
     let fsync = arg("--fsync", 1) == 1;
+    // As the shop binary does; `--huge-pages 1` keeps them, to compare.
+    let huge_pages = arg("--huge-pages", 0) == 1;
+    if !huge_pages {
+        eventfold::process::disable_transparent_huge_pages().expect("prctl(PR_SET_THP_DISABLE)");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     eprintln!(
-        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, {} cores",
+        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, huge pages {huge_pages}, {} cores",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let mut results: Vec<(f64, Vec<u64>)> = (0..runs)

@@ -92,6 +92,9 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(e) = eventfold::process::disable_transparent_huge_pages() {
+        tracing::debug!(error = %e, "cannot turn transparent huge pages off; going on with them");
+    }
     let cli = Cli::parse();
     if matches!(cli.command, Some(Command::Views { .. })) {
         keep_freed_memory();
