@@ -59,6 +59,7 @@ pub async fn run_all(factory: &dyn Factory, prefix: &str) {
     consumed_offsets_are_committed_with_the_unit(factory, prefix).await;
     records_built_from_offsets_commit_with_the_unit(factory, prefix).await;
     local_changes_are_committed_with_the_unit(factory, prefix).await;
+    local_writes_are_visible_once_written(factory, prefix).await;
     concurrent_commits_lose_and_duplicate_nothing(factory, prefix).await;
     units_started_in_order_commit_in_order(factory, prefix).await;
     everything_survives_reopen(factory, prefix).await;
@@ -377,6 +378,68 @@ pub async fn local_changes_are_committed_with_the_unit(factory: &dyn Factory, pr
     let ev = log.store().entity_events(&t, b"a-1", 1, 10).unwrap();
     assert_eq!(ev.len(), 1, "entity index committed with the unit");
     assert_eq!(ev[0].record.value, b"e1");
+}
+
+/// [`Log::write_local`]: its changes are readable once it resolves, a later write of the
+/// same key wins over an earlier committed unit's, and writes mixed with concurrent units
+/// lose nothing of either.
+pub async fn local_writes_are_visible_once_written(factory: &dyn Factory, prefix: &str) {
+    let log = factory.open().await;
+    let t = topic(prefix, "localw");
+    let ty = format!("{prefix}-localw");
+    let mut local = Batch::new();
+    local.put_state(&ty, "k", 1, br#"{"by":"unit"}"#);
+    log.commit(CommitUnit {
+        appends: vec![append(&t, 0, rec("k", "e", 1))],
+        local,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut b = Batch::new();
+    b.put_state(&ty, "k", 2, br#"{"by":"write_local"}"#);
+    b.put_meta(&format!("{prefix}/localw/checkpoint"), 7);
+    log.write_local(b).await.unwrap();
+    let row = log.store().get_state(&ty, "k").unwrap().expect("written");
+    assert_eq!(
+        (row.version, row.json.as_slice()),
+        (2, br#"{"by":"write_local"}"#.as_slice())
+    );
+    assert_eq!(
+        log.store().get_meta(&format!("{prefix}/localw/checkpoint")).unwrap(),
+        Some(7)
+    );
+
+    let mut units = Vec::new();
+    let mut writes = Vec::new();
+    for i in 0..50u64 {
+        let mut local = Batch::new();
+        local.put_state(&ty, &format!("u{i}"), 1, b"{}");
+        units.push(log.commit(CommitUnit {
+            appends: vec![append(&t, (i % 2) as u32, rec("u", &i.to_string(), 1))],
+            local,
+            ..Default::default()
+        }));
+        let mut b = Batch::new();
+        b.put_state(&ty, &format!("w{i}"), 1, b"{}");
+        writes.push(log.write_local(b));
+    }
+    for (u, w) in units.into_iter().zip(writes) {
+        u.await.unwrap();
+        w.await.unwrap();
+    }
+    for i in 0..50u64 {
+        assert!(
+            log.store().get_state(&ty, &format!("u{i}")).unwrap().is_some(),
+            "unit {i}'s change"
+        );
+        assert!(
+            log.store().get_state(&ty, &format!("w{i}")).unwrap().is_some(),
+            "write {i}"
+        );
+    }
+    let total = log.read(&t, 0, 0, 1000).await.unwrap().len() + log.read(&t, 1, 0, 1000).await.unwrap().len();
+    assert_eq!(total, 51, "every unit's record once");
 }
 
 /// Many concurrent committers: every record lands once, offsets are distinct per

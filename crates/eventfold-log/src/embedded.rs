@@ -4,6 +4,8 @@
 //! a bound), assigns offsets, and writes them as **one** fjall batch with **one** fsync,
 //! then answers every caller. One command alone is committed at once; under load many
 //! commands share an fsync. Offsets advance in memory only after the batch is durable.
+//! Local store writes outside units ([`Log::write_local`]: view rows) join the same
+//! groups, so they never hold the journal between two group commits.
 
 use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result, offset_key};
 use async_trait::async_trait;
@@ -51,6 +53,8 @@ struct Staged {
     consumed: Vec<crate::Consumed>,
     local: Batch,
     bytes: usize,
+    /// False for [`Log::write_local`]: a group of only such units is not fsynced.
+    durable: bool,
 }
 
 /// An append whose record is already encoded.
@@ -81,6 +85,19 @@ impl Staged {
             consumed: unit.consumed,
             local: unit.local,
             bytes,
+            durable: true,
+        }
+    }
+
+    /// Local store changes alone, not durable by themselves ([`Log::write_local`]).
+    fn local(local: Batch) -> Self {
+        Self {
+            appends: Vec::new(),
+            then: None,
+            consumed: Vec::new(),
+            bytes: local.bytes(),
+            local,
+            durable: false,
         }
     }
 }
@@ -215,10 +232,13 @@ impl Committer {
         let mut receipts = Vec::with_capacity(jobs.len());
         let mut replies = Vec::with_capacity(jobs.len());
         let (mut units, mut records) = (0u64, 0u64);
+        let mut durable = false;
         for (unit, reply) in jobs {
+            let unit_durable = unit.durable;
             match self.stage(unit, &mut batch, &mut next) {
                 Ok(receipt) => {
-                    units += 1;
+                    durable |= unit_durable;
+                    units += u64::from(unit_durable);
                     records += receipt.offsets.len() as u64;
                     receipts.push(Some(receipt));
                 }
@@ -234,7 +254,7 @@ impl Committer {
             replies.push(reply);
         }
         let write_started = std::time::Instant::now();
-        let result = self.store.commit(batch, self.options.fsync);
+        let result = self.store.commit(batch, self.options.fsync && durable);
         self.stats
             .write_micros
             .fetch_add(write_started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -381,6 +401,16 @@ impl Log for EmbeddedLog {
             sent.map_err(|_| Error::Closed("committer thread stopped".into()))?;
             rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
         })
+    }
+
+    async fn write_local(&self, batch: Batch) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send((Staged::local(batch), tx))
+            .map_err(|_| Error::Closed("committer thread stopped".into()))?;
+        rx.await
+            .map_err(|_| Error::Closed("committer thread stopped".into()))??;
+        Ok(())
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {

@@ -193,6 +193,23 @@ pub trait Log: Send + Sync + 'static {
     /// units fail too). Writers rely on
     /// this to pipeline: they build unit k+1 on the state of unit k before k is durable.
     fn commit(&self, unit: CommitUnit) -> CommitFuture;
+    /// Writes `batch` to the local store outside any unit and resolves once readers of the
+    /// store see it. Not durable by itself: a later durable commit (or a flush) makes it so,
+    /// and after a crash it may be lost, never torn. For data derived from the log that can
+    /// be derived again, such as view rows with their checkpoint.
+    ///
+    /// The default writes it on a blocking thread. The embedded log merges it into the next
+    /// group commit instead: a separate write would wait for the journal the group commit
+    /// holds through its fsync, and hold it in turn while its own changes go into the
+    /// memtables, delaying the next group commit. Merged, it shares that commit's journal
+    /// write, and a group of such writes alone is not fsynced.
+    async fn write_local(&self, batch: Batch) -> Result<()> {
+        let store = self.store().clone();
+        match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
+            Ok(result) => Ok(result?),
+            Err(e) => Err(Error::Closed(format!("local store write task failed: {e}"))),
+        }
+    }
     /// Reads up to `max` committed records from `from` on.
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>>;
     /// Reads like [`Log::read`], handing each record to `f` as a [`RecordRef`] until `f`

@@ -72,11 +72,13 @@ pub struct ViewOptions {
     /// How often a partition re-reads its source without a notification (500 ms).
     pub poll_interval: Duration,
     /// After a notification, how long a partition waits for more events before it reads
-    /// (10 ms): fewer, larger store batches under load, at most this much extra lag. A
-    /// partition reads again at once only after a batch of at least a quarter of
-    /// `max_batch_events` (a backlog); after a smaller one it waits for the next
-    /// notification and this linger too (each batch costs a read, a store batch and a
-    /// checkpoint write, whatever its size).
+    /// (10 ms): fewer, larger store batches under load, at most this much extra lag for
+    /// queries without `min_position`. A query with a `min_position` the partition has not
+    /// applied yet cuts the wait short, so read-your-writes does not pay it. A partition
+    /// reads again at once only after a batch of at least a quarter of `max_batch_events`
+    /// (a backlog); after a smaller one it waits for the next notification and this linger
+    /// too (each batch costs a read, a store batch and a checkpoint write, whatever its
+    /// size).
     pub linger: Duration,
     /// Most index entries a query examines before it returns a short page with a cursor
     /// (10,000); bounds the work of post-filters.
@@ -181,6 +183,9 @@ struct PartitionProgress {
     caught_up: AtomicBool,
     /// That end offset (`u64::MAX` until the worker has read it).
     target: AtomicU64,
+    /// A query waits for an offset not applied yet (`min_position`): the worker cuts its
+    /// linger short (a permit stored while it is not lingering cuts the next one).
+    hurry: tokio::sync::Notify,
 }
 
 /// Readiness of a view (or of one of its partitions); see the module docs.
@@ -387,6 +392,9 @@ impl ViewService {
             })?;
             // A partition served elsewhere is waited for where it is served.
             if self.is_local(p) {
+                if *part.applied.borrow() < offset {
+                    part.hurry.notify_one();
+                }
                 waits.push((part.applied.subscribe(), offset));
             }
         }
@@ -704,6 +712,7 @@ fn service<P: Projection>(
             failure: Mutex::new(None),
             caught_up: AtomicBool::new(false),
             target: AtomicU64::new(u64::MAX),
+            hurry: tokio::sync::Notify::new(),
         });
         starts.push(from);
     }
@@ -1156,7 +1165,10 @@ impl<P: Projection> Worker<P> {
                         // The source is gone (shutdown); keep polling at the slow pace.
                         tokio::time::sleep(self.svc.options.poll_interval).await;
                     }
-                    tokio::time::sleep(self.svc.options.linger).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.svc.options.linger) => {}
+                        _ = progress.hurry.notified() => {}
+                    }
                     while wake.try_recv().is_ok() {}
                 }
                 _ = tokio::time::sleep(self.svc.options.poll_interval) => {}
@@ -1311,13 +1323,11 @@ impl<P: Projection> Worker<P> {
             indexes: &self.svc.indexes,
         };
         let batch = self.apply(topic, &events, next, &base).map_err(Step::Fatal)?;
-        // The write may wait for the store's journal (held during the command path's
-        // fsync): never on a runtime worker.
-        let store = self.log.store().clone();
-        match tokio::task::spawn_blocking(move || store.commit(batch, false)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(Step::Fatal(format!("cannot commit: {e}"))),
-            Err(e) => return Err(Step::Fatal(format!("commit task failed: {e}"))),
+        // Not durable by itself (the rows are derived from the log; a crash may lose a
+        // tail of them with their checkpoint): the embedded log writes it with its next
+        // group commit.
+        if let Err(e) = self.log.write_local(batch).await {
+            return Err(Step::Fatal(format!("cannot commit: {e}")));
         }
         self.next = next;
         self.svc.partitions[self.partition as usize].applied.send_replace(next);

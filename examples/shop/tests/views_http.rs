@@ -49,6 +49,9 @@ struct Server {
     client: reqwest::Client,
     clock: ManualClock,
     runtime: Runtime,
+    /// The positions of every command sent, merged: a query with it waits for all of them
+    /// (one command's position names only its own partition).
+    sent: std::sync::Mutex<Position>,
 }
 
 fn build(dir: &Path, clock: &ManualClock) -> Runtime {
@@ -85,6 +88,7 @@ async fn start(dir: &Path) -> Server {
         client: reqwest::Client::new(),
         clock,
         runtime,
+        sent: Default::default(),
     }
 }
 
@@ -101,7 +105,17 @@ impl Server {
         let status = resp.status();
         let body: Value = resp.json().await.unwrap();
         assert_eq!(status, StatusCode::OK, "{body}");
-        body["position"].as_str().unwrap().to_owned()
+        let pos = body["position"].as_str().unwrap().to_owned();
+        let mut sent = self.sent.lock().unwrap();
+        for (topic, p, o) in Position::decode(&pos).unwrap().marks() {
+            sent.advance(topic, p, o);
+        }
+        pos
+    }
+
+    /// The merged position of every command sent so far.
+    fn sent_position(&self) -> String {
+        self.sent.lock().unwrap().encode()
     }
 
     async fn get(&self, path_and_query: &str) -> (StatusCode, Value) {
@@ -180,19 +194,17 @@ async fn orders_view_answers_like_the_model_page_by_page() {
     let s = start(dir.path()).await;
     let mut rng = rand::rng();
     let mut model: BTreeMap<String, ModelOrder> = BTreeMap::new();
-    let mut last = String::new();
     for i in 0..80 {
         let id = format!("o-{i:03}");
         let customer = format!("c{}", rng.random_range(1..=4));
         let (qty, price) = (rng.random_range(1..5_u64), rng.random_range(0..3000_u64));
         s.clock.advance(rng.random_range(0..3) * HOUR); // some orders share a timestamp
-        last = s
-            .command(
-                "order",
-                &id,
-                json!({"type":"PlaceOrder","customer_id":customer,"items":[{"sku":"x","qty":qty,"price_cents":price}]}),
-            )
-            .await;
+        s.command(
+            "order",
+            &id,
+            json!({"type":"PlaceOrder","customer_id":customer,"items":[{"sku":"x","qty":qty,"price_cents":price}]}),
+        )
+        .await;
         let mut o = ModelOrder {
             customer,
             status: "placed",
@@ -201,22 +213,20 @@ async fn orders_view_answers_like_the_model_page_by_page() {
         };
         match rng.random_range(0..5) {
             0 => {
-                last = s
-                    .command(
-                        "order",
-                        &id,
-                        json!({"type":"AddItem","sku":"y","qty":1,"price_cents":99}),
-                    )
-                    .await;
+                s.command(
+                    "order",
+                    &id,
+                    json!({"type":"AddItem","sku":"y","qty":1,"price_cents":99}),
+                )
+                .await;
                 o.total += 99;
             }
             1 => {
-                last = s.command("order", &id, json!({"type":"ConfirmOrder"})).await;
+                s.command("order", &id, json!({"type":"ConfirmOrder"})).await;
                 o.status = "confirmed";
             }
             2 => {
-                last = s
-                    .command("order", &id, json!({"type":"CancelOrder","reason":"test"}))
+                s.command("order", &id, json!({"type":"CancelOrder","reason":"test"}))
                     .await;
                 o.status = "cancelled";
             }
@@ -224,7 +234,7 @@ async fn orders_view_answers_like_the_model_page_by_page() {
         }
         model.insert(id, o);
     }
-    let mp = format!("min_position={last}");
+    let mp = format!("min_position={}", s.sent_position());
 
     // Key lookup, with the row's exact shape.
     let (id, o) = model.iter().next().unwrap();
@@ -363,6 +373,46 @@ async fn a_query_with_the_position_of_a_command_sees_its_write() {
             body["rows"].as_array().unwrap().len(),
             i + 1,
             "query right after the write"
+        );
+    }
+}
+
+/// A view lingering a minute after each notification (and polling as rarely) still
+/// answers a query with `min_position` at once: the query cuts the linger short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_with_min_position_cuts_the_views_linger_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at(T0);
+    let runtime = Runtime::builder(RuntimeOptions {
+        app_id: "shop".into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .view_options(ViewOptions {
+        linger: Duration::from_secs(60),
+        poll_interval: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .aggregate::<Order>(())
+    .view::<OrdersView>()
+    .build(Arc::new(common::test_log(dir.path())));
+    let s = serve(runtime, clock).await;
+    for i in 0..3 {
+        let id = format!("hurry-{i}");
+        let pos = s
+            .command(
+                "order",
+                &id,
+                json!({"type":"PlaceOrder","customer_id":"c-h","items":[{"sku":"x","qty":1,"price_cents":5}]}),
+            )
+            .await;
+        let started = Instant::now();
+        let (st, body) = s.get(&format!("/v1/views/orders/{id}?min_position={pos}")).await;
+        assert_eq!(st, StatusCode::OK, "the view applied the write: {body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "answered after {:?}: the linger was not cut short",
+            started.elapsed()
         );
     }
 }
@@ -738,6 +788,7 @@ async fn serve(runtime: Runtime, clock: ManualClock) -> Server {
         client: reqwest::Client::new(),
         clock,
         runtime,
+        sent: Default::default(),
     }
 }
 
@@ -1053,11 +1104,11 @@ fn a_new_projection_version_builds_side_by_side_then_takes_over() {
     in_runtime(async {
         let clock = ManualClock::at(T0);
         let s = serve(runtime_with(dir.path(), &clock, None, |b| b.view::<TotalsV1>()), clock).await;
-        let mut last = String::new();
         for i in 0..orders {
-            last = s.command("order", &format!("o-{i}"), place(i)).await;
+            s.command("order", &format!("o-{i}"), place(i)).await;
         }
-        let (st, body) = s.get(&format!("/v1/views/order_totals/o-1?min_position={last}")).await;
+        let all = s.sent_position();
+        let (st, body) = s.get(&format!("/v1/views/order_totals/o-1?min_position={all}")).await;
         assert_eq!((st, &body["value"]), (StatusCode::OK, &json!({"total": 11})));
         // Let every partition apply everything, so version 1 restarts at the end.
         let (st, body) = s.get("/readyz").await;
