@@ -154,6 +154,19 @@ impl EmbeddedLog {
         })
     }
 
+    /// Hands `staged` to the committer; the future resolves with its receipt.
+    fn enqueue(&self, staged: Staged) -> CommitFuture {
+        let (tx, rx) = oneshot::channel();
+        // Enqueued here, synchronously: the committer takes units in this order. The queue
+        // is unbounded because its writers are: each partition has at most
+        // `max_inflight_commits` units outstanding, each view partition one write.
+        let sent = self.tx.send((staged, tx));
+        Box::pin(async move {
+            sent.map_err(|_| Error::Closed("committer thread stopped".into()))?;
+            rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
+        })
+    }
+
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
         if partition >= self.options.partitions {
             return Err(Error::NoSuchPartition {
@@ -392,25 +405,11 @@ impl Log for EmbeddedLog {
     }
 
     fn commit(&self, unit: CommitUnit) -> CommitFuture {
-        let (tx, rx) = oneshot::channel();
-        // Enqueued here, synchronously: the committer takes units in this order. The queue
-        // is unbounded because its writers are: each partition has at most
-        // `max_inflight_commits` units outstanding.
-        let sent = self.tx.send((Staged::new(unit), tx));
-        Box::pin(async move {
-            sent.map_err(|_| Error::Closed("committer thread stopped".into()))?;
-            rx.await.map_err(|_| Error::Closed("committer thread stopped".into()))?
-        })
+        self.enqueue(Staged::new(unit))
     }
 
     async fn write_local(&self, batch: Batch) -> Result<()> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send((Staged::local(batch), tx))
-            .map_err(|_| Error::Closed("committer thread stopped".into()))?;
-        rx.await
-            .map_err(|_| Error::Closed("committer thread stopped".into()))??;
-        Ok(())
+        self.enqueue(Staged::local(batch)).await.map(|_| ())
     }
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
