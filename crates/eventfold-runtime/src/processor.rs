@@ -419,10 +419,8 @@ impl<A: Aggregate> Processor<A> {
                     }
                 }
                 _ = sweep.tick(), if open => {
-                    if self.shared.state() == PartitionState::Ready
-                        && let Err(e) = self.sweep_dedup().await
-                    {
-                        tracing::warn!(aggregate = A::TYPE, partition = self.cfg.partition, error = %e, "dedup sweep failed");
+                    if self.shared.state() == PartitionState::Ready {
+                        self.expire_dedup();
                     }
                 }
             }
@@ -657,7 +655,7 @@ impl<A: Aggregate> Processor<A> {
                 .await?;
         }
         self.shared.set_progress(0.5);
-        self.sweep_dedup().await?;
+        self.expire_dedup();
         self.shared.set_progress(1.0);
         self.shared.set_state(PartitionState::Ready);
         tracing::debug!(
@@ -769,40 +767,29 @@ impl<A: Aggregate> Processor<A> {
         Ok(())
     }
 
-    /// Deletes dedup records older than the window, in bounded chunks.
-    async fn sweep_dedup(&mut self) -> Result<()> {
-        let before = self.clock.now_ms() - self.cfg.dedup_window_ms;
-        loop {
-            let expired = self
-                .log
-                .store()
-                .expired_dedup(A::TYPE, self.cfg.partition, before, 10_000)?;
-            if expired.is_empty() {
-                return Ok(());
-            }
-            let mut local = Batch::new();
-            for (ts, id) in &expired {
-                // An id reused after it expired has a newer record: keep that one.
-                match self.log.store().get_dedup(A::TYPE, self.cfg.partition, id)? {
-                    Some(row) if row.timestamp_ms != *ts => {
-                        local.delete_dedup_expiry(A::TYPE, self.cfg.partition, id, *ts)
+    /// Moves the store's dedup horizon to the start of the window: compactions of the
+    /// `dedup` table drop the records before it (no deletes: an expiry index and its
+    /// sweep cost an entry per command and two tombstones per expired one). Once per
+    /// window, whichever partition claims it compacts the whole table, so expired records
+    /// go even where too few writes come to compact them.
+    fn expire_dedup(&self) {
+        let now = self.clock.now_ms();
+        let store = self.log.store();
+        store.expire_dedup_before(now - self.cfg.dedup_window_ms);
+        if store.claim_dedup_compaction(now, self.cfg.dedup_window_ms) {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                match store.compact_dedup() {
+                    Ok(()) => tracing::info!(
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "dedup table compacted: records past the window removed"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dedup table compaction failed; expired records stay until a later one")
                     }
-                    _ => local.delete_dedup(A::TYPE, self.cfg.partition, id, *ts),
                 }
-            }
-            self.log
-                .commit(CommitUnit {
-                    local,
-                    lane: Some(self.cfg.partition),
-                    ..Default::default()
-                })
-                .await?;
-            tracing::debug!(
-                aggregate = A::TYPE,
-                partition = self.cfg.partition,
-                removed = expired.len(),
-                "expired dedup records removed"
-            );
+            });
         }
     }
 

@@ -39,7 +39,9 @@ pub struct RuntimeOptions {
     pub retry_after: Duration,
     /// How long a command id is remembered (24 h).
     pub dedup_window: Duration,
-    /// How often expired dedup records are removed (60 s).
+    /// How often the dedup horizon moves on (60 s): from then on compactions of the
+    /// dedup table drop the records past the window (and the whole table is compacted once
+    /// per window). Expired records are ignored at once, whether dropped yet or not.
     pub dedup_sweep_every: Duration,
     /// Aggregates kept in memory per partition (100,000).
     pub cache_limit: usize,

@@ -4,7 +4,10 @@ use crate::codec::{Reader, decode_record, encode_record, framed, slice_of, unfra
 use crate::{Error, Result};
 use eventfold_core::{Record, RecordRef};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Slice};
+use lsm_tree::compaction::filter;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 /// The tables of the store. Names are stable: they are the fjall keyspace names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,9 +19,9 @@ pub enum Table {
     /// Aggregate state: `type 0 id` -> `(version, state JSON)`.
     State,
     /// Dedup outcomes: `type 0 partition(u32 BE) command id` -> `(timestamp, outcome JSON)`.
+    /// Records past the dedup window are dropped by the table's compaction filter (see
+    /// [`Store::expire_dedup_before`]), not by deletes.
     Dedup,
-    /// Dedup expiry index: `type 0 partition(u32 BE) timestamp(u64 BE) command id` -> empty.
-    DedupExpiry,
     /// Checkpoints and consumer offsets: name -> u64.
     Meta,
     /// View rows: `view 0 key` -> framed JSON document.
@@ -30,12 +33,11 @@ pub enum Table {
 
 impl Table {
     /// All tables.
-    pub const ALL: [Table; 8] = [
+    pub const ALL: [Table; 7] = [
         Table::Log,
         Table::Entity,
         Table::State,
         Table::Dedup,
-        Table::DedupExpiry,
         Table::Meta,
         Table::ViewRow,
         Table::ViewIndex,
@@ -48,13 +50,16 @@ impl Table {
             Table::Entity => "entity",
             Table::State => "state",
             Table::Dedup => "dedup",
-            Table::DedupExpiry => "dedup_expiry",
             Table::Meta => "meta",
             Table::ViewRow => "view_row",
             Table::ViewIndex => "view_index",
         }
     }
 }
+
+/// The keyspace of the dedup expiry index that stores before compaction-filter expiry
+/// kept; [`Store::open`] deletes it.
+const OLD_DEDUP_EXPIRY: &str = "dedup_expiry";
 
 /// How to open a store.
 #[derive(Debug, Clone)]
@@ -109,7 +114,56 @@ pub struct EntityEvent {
 #[derive(Clone)]
 pub struct Store {
     db: Database,
-    tables: [Keyspace; 8],
+    tables: [Keyspace; 7],
+    expiry: Arc<DedupExpiry>,
+}
+
+/// When dedup records expire; shared by a store's clones and its `dedup` table's
+/// compaction filter.
+#[derive(Debug)]
+struct DedupExpiry {
+    /// Records written before this instant (ms) are past their window (`i64::MIN`: none).
+    horizon: AtomicI64,
+    /// When the whole table was last compacted, in the clock of
+    /// [`Store::claim_dedup_compaction`]'s caller (`i64::MIN`: not yet in this process).
+    compacted_at: AtomicI64,
+}
+
+/// Makes the `dedup` table's compaction filters: each drops the records written before
+/// the horizon at the moment its compaction starts.
+struct DedupFilterFactory(Arc<DedupExpiry>);
+
+impl filter::Factory for DedupFilterFactory {
+    fn name(&self) -> &str {
+        "eventfold-dedup-expiry"
+    }
+
+    fn make_filter(&self, _: &filter::Context) -> Box<dyn filter::CompactionFilter> {
+        Box::new(DedupFilter {
+            horizon: self.0.horizon.load(Ordering::Relaxed),
+        })
+    }
+}
+
+struct DedupFilter {
+    horizon: i64,
+}
+
+impl filter::CompactionFilter for DedupFilter {
+    fn filter_item(
+        &mut self,
+        item: filter::ItemAccessor<'_>,
+        _: &filter::Context,
+    ) -> lsm_tree::Result<filter::Verdict> {
+        if self.horizon == i64::MIN {
+            return Ok(filter::Verdict::Keep);
+        }
+        // A value that does not decode stays: reading it reports the corruption.
+        Ok(match dedup_timestamp(&item.value()?) {
+            Some(ts) if ts < self.horizon => filter::Verdict::Remove,
+            _ => filter::Verdict::Keep,
+        })
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -163,16 +217,6 @@ fn dedup_key(agg_type: &str, partition: u32, command_id: &str) -> Slice {
     ])
 }
 
-fn dedup_expiry_key(agg_type: &str, partition: u32, timestamp_ms: i64, command_id: &str) -> Slice {
-    slice_of(&[
-        agg_type.as_bytes(),
-        &[0],
-        &partition.to_be_bytes(),
-        &ts_key(timestamp_ms),
-        command_id.as_bytes(),
-    ])
-}
-
 fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
     key2(topic.as_bytes(), &partition.to_be_bytes())
 }
@@ -181,13 +225,9 @@ fn log_end_key(topic: &str, partition: u32) -> String {
     format!("log_end/{topic}/{partition}")
 }
 
-fn dedup_prefix(agg_type: &str, partition: u32) -> Vec<u8> {
-    key2(agg_type.as_bytes(), &partition.to_be_bytes())
-}
-
-/// Orders signed timestamps correctly as unsigned big-endian bytes.
-fn ts_key(ts: i64) -> [u8; 8] {
-    ((ts as u64) ^ (1 << 63)).to_be_bytes()
+/// The timestamp a stored dedup value was recorded at (`None`: it does not decode).
+fn dedup_timestamp(value: &[u8]) -> Option<i64> {
+    Reader::new(unframe(value).ok()?).i64().ok()
 }
 
 fn printable(key: &[u8]) -> String {
@@ -317,25 +357,11 @@ impl Batch {
         self.put(Table::State, state_key(agg_type, id), framed(&v));
     }
 
-    /// Records the outcome of `command_id`, expiring from `timestamp_ms` + window.
+    /// Records the outcome of `command_id`, recorded at `timestamp_ms`: it expires once the
+    /// store's dedup horizon passes that instant ([`Store::expire_dedup_before`]).
     pub fn put_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64, outcome: &[u8]) {
         let v = concat(&[&timestamp_ms.to_le_bytes(), outcome]);
         self.put(Table::Dedup, dedup_key(agg_type, partition, command_id), framed(&v));
-        let ek = dedup_expiry_key(agg_type, partition, timestamp_ms, command_id);
-        self.put(Table::DedupExpiry, ek, Slice::empty());
-    }
-
-    /// Forgets the outcome of `command_id` (recorded at `timestamp_ms`).
-    pub fn delete_dedup(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        self.delete(Table::Dedup, dedup_key(agg_type, partition, command_id));
-        self.delete_dedup_expiry(agg_type, partition, command_id, timestamp_ms);
-    }
-
-    /// Removes only the expiry entry of `command_id` at `timestamp_ms` (the command id was
-    /// recorded again later, so its newer outcome must stay).
-    pub fn delete_dedup_expiry(&mut self, agg_type: &str, partition: u32, command_id: &str, timestamp_ms: i64) {
-        let ek = dedup_expiry_key(agg_type, partition, timestamp_ms, command_id);
-        self.delete(Table::DedupExpiry, ek);
     }
 
     /// Sets the checkpoint or offset `name` to `value`.
@@ -478,23 +504,73 @@ pub(crate) fn ingest_ordered(keyspace: &Keyspace, ops: impl Iterator<Item = Resu
 impl Store {
     /// Opens (or creates) the store at `path`; fjall replays its journal on open.
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Self> {
+        let expiry = Arc::new(DedupExpiry {
+            horizon: AtomicI64::new(i64::MIN),
+            compacted_at: AtomicI64::new(i64::MIN),
+        });
+        let factory: Arc<dyn filter::Factory> = Arc::new(DedupFilterFactory(expiry.clone()));
         let db = Database::builder(path)
             .cache_size(options.cache_bytes)
             .manual_journal_persist(true)
             .temporary(options.temporary)
+            .with_compaction_filter_factories(Arc::new(move |keyspace| {
+                (keyspace == Table::Dedup.name()).then(|| factory.clone())
+            }))
             .open()?;
+        // Stores written before dedup records expired by compaction kept an expiry index
+        // (one entry per record, deleted by a sweep): nothing reads it any more.
+        if db.keyspace_exists(OLD_DEDUP_EXPIRY) {
+            let old = db.keyspace(OLD_DEDUP_EXPIRY, KeyspaceCreateOptions::default)?;
+            db.delete_keyspace(old)?;
+            tracing::info!("removed the dedup expiry index of an older store layout");
+        }
         let open = |t: Table| db.keyspace(t.name(), KeyspaceCreateOptions::default);
         let tables = [
             open(Table::Log)?,
             open(Table::Entity)?,
             open(Table::State)?,
             open(Table::Dedup)?,
-            open(Table::DedupExpiry)?,
             open(Table::Meta)?,
             open(Table::ViewRow)?,
             open(Table::ViewIndex)?,
         ];
-        Ok(Self { db, tables })
+        Ok(Self { db, tables, expiry })
+    }
+
+    /// Dedup records written before `horizon_ms` are past their window: every compaction
+    /// of the `dedup` table from now on drops them (the horizon never moves back). Until
+    /// one does, they stay readable: [`Store::get_dedup`] returns them with their
+    /// timestamp, and callers compare it with their window.
+    pub fn expire_dedup_before(&self, horizon_ms: i64) {
+        self.expiry.horizon.fetch_max(horizon_ms, Ordering::Relaxed);
+    }
+
+    /// Whether a whole-table dedup compaction ([`Store::compact_dedup`]) is due at
+    /// `now_ms`: true at most once per `every_ms` across all callers (the caller that gets
+    /// true runs it). The first call of a process only starts the count, so a restart
+    /// does not rewrite the table at once.
+    pub fn claim_dedup_compaction(&self, now_ms: i64, every_ms: i64) -> bool {
+        let at = &self.expiry.compacted_at;
+        let last = at.load(Ordering::Relaxed);
+        if last == i64::MIN {
+            let _ = at.compare_exchange(i64::MIN, now_ms, Ordering::Relaxed, Ordering::Relaxed);
+            return false;
+        }
+        now_ms.saturating_sub(last) >= every_ms
+            && at
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Writes the `dedup` table's memtable out and compacts the whole table, so that every
+    /// record before the horizon is gone when it returns. Blocking, and a rewrite of the
+    /// table: normal compactions drop expired records as they go, this bounds how long an
+    /// expired record can stay where writes are too few to compact it.
+    pub fn compact_dedup(&self) -> Result<()> {
+        let dedup = self.table(Table::Dedup);
+        dedup.rotate_memtable_and_wait()?;
+        dedup.major_compact()?;
+        Ok(())
     }
 
     pub(crate) fn table(&self, t: Table) -> &Keyspace {
@@ -586,33 +662,6 @@ impl Store {
             })
         };
         decode().map(Some).map_err(|e| corrupt(Table::Dedup, &k, e))
-    }
-
-    /// Up to `max` dedup entries of a partition recorded before `before_ms`, oldest first,
-    /// as `(timestamp, command id)`.
-    pub fn expired_dedup(
-        &self,
-        agg_type: &str,
-        partition: u32,
-        before_ms: i64,
-        max: usize,
-    ) -> Result<Vec<(i64, String)>> {
-        let prefix = dedup_prefix(agg_type, partition);
-        let mut end = prefix.clone();
-        end.extend_from_slice(&ts_key(before_ms));
-        let mut out = Vec::new();
-        for kv in self.table(Table::DedupExpiry).range(prefix.clone()..end).take(max) {
-            let k = kv.key()?;
-            let rest = &k[prefix.len()..];
-            if rest.len() < 8 {
-                return Err(corrupt(Table::DedupExpiry, &k, "key shorter than its timestamp".into()));
-            }
-            let ts = (u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")) ^ (1 << 63)) as i64;
-            let id = String::from_utf8(rest[8..].to_vec())
-                .map_err(|_| corrupt(Table::DedupExpiry, &k, "command id is not UTF-8".into()))?;
-            out.push((ts, id));
-        }
-        Ok(out)
     }
 
     /// Reads up to `max` log records of `topic`/`partition` from `from` on.
@@ -895,21 +944,59 @@ mod tests {
     }
 
     #[test]
-    fn expired_dedup_is_listed_in_time_order_and_deleted() {
+    fn compaction_drops_dedup_records_before_the_horizon_only() {
         let (_dir, s) = temp();
         let mut b = Batch::new();
         b.put_dedup("order", 0, "late", 300, b"{}");
         b.put_dedup("order", 0, "early", -5, b"{}");
-        b.put_dedup("order", 1, "other", 1, b"{}");
+        b.put_dedup("order", 1, "other", 199, b"{}");
+        // Written early, then again late: the newer record decides.
+        b.put_dedup("order", 0, "again", 10, b"{\"old\":1}");
         s.commit(b, false).unwrap();
-        let exp = s.expired_dedup("order", 0, 200, 10).unwrap();
-        assert_eq!(exp, vec![(-5, "early".to_owned())]);
         let mut b = Batch::new();
-        b.delete_dedup("order", 0, "early", -5);
+        b.put_dedup("order", 0, "again", 250, b"{\"new\":1}");
+        // Not a dedup value at all: kept, and reading it reports the corruption.
+        b.put(Table::Dedup, dedup_key("order", 0, "torn"), framed(b"xy"));
         s.commit(b, false).unwrap();
-        assert!(s.get_dedup("order", 0, "early").unwrap().is_none());
-        assert!(s.expired_dedup("order", 0, 200, 10).unwrap().is_empty());
-        assert!(s.get_dedup("order", 0, "late").unwrap().is_some());
+        // No horizon yet: a compaction keeps everything.
+        s.compact_dedup().unwrap();
+        assert!(s.get_dedup("order", 0, "early").unwrap().is_some());
+        s.expire_dedup_before(200);
+        s.expire_dedup_before(100); // never moves back
+        s.compact_dedup().unwrap();
+        assert!(s.get_dedup("order", 0, "early").unwrap().is_none(), "expired");
+        assert!(s.get_dedup("order", 1, "other").unwrap().is_none(), "expired");
+        assert_eq!(s.get_dedup("order", 0, "late").unwrap().unwrap().timestamp_ms, 300);
+        let again = s.get_dedup("order", 0, "again").unwrap().unwrap();
+        assert_eq!((again.timestamp_ms, &again.outcome[..]), (250, &b"{\"new\":1}"[..]));
+        assert!(matches!(s.get_dedup("order", 0, "torn"), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn dedup_compaction_is_claimed_once_per_period_after_the_first_call() {
+        let (_dir, s) = temp();
+        assert!(!s.claim_dedup_compaction(1_000, 60), "the first call starts the count");
+        assert!(!s.claim_dedup_compaction(1_059, 60));
+        assert!(s.claim_dedup_compaction(1_060, 60));
+        assert!(!s.claim_dedup_compaction(1_060, 60), "claimed once");
+        assert!(!s.clone().claim_dedup_compaction(1_100, 60), "clones share the count");
+        assert!(s.clone().claim_dedup_compaction(1_120, 60));
+    }
+
+    #[test]
+    fn opening_an_older_store_removes_its_dedup_expiry_index() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::builder(dir.path()).open().unwrap();
+            let old = db.keyspace(OLD_DEDUP_EXPIRY, KeyspaceCreateOptions::default).unwrap();
+            old.insert("order\0x", "").unwrap();
+            db.persist(PersistMode::SyncAll).unwrap();
+        }
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert!(!s.db.keyspace_exists(OLD_DEDUP_EXPIRY));
+        drop(s);
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert!(!s.db.keyspace_exists(OLD_DEDUP_EXPIRY));
     }
 
     #[test]
