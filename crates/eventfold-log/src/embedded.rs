@@ -11,7 +11,7 @@ use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result, offset_key};
 use async_trait::async_trait;
 use eventfold_core::{Record, RecordRef};
 use eventfold_store::{Batch, EncodedRecord, Store};
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::sync::{mpsc, oneshot};
@@ -137,10 +137,10 @@ impl EmbeddedLog {
         let committer = Committer {
             store: store.clone(),
             options: options.clone(),
-            ends: HashMap::new(),
+            ends: HashMap::default(),
             stats: stats.clone(),
             poisoned: None,
-            fenced: HashMap::new(),
+            fenced: HashMap::default(),
         };
         std::thread::Builder::new()
             .name("eventfold-commit".into())
@@ -241,7 +241,7 @@ impl Committer {
             .map(|(u, _)| u.local.len() + 2 * u.appends.len() + u.consumed.len())
             .sum();
         let mut batch = Batch::with_capacity(ops);
-        let mut next: HashMap<TopicPartition, u64> = HashMap::new();
+        let mut next: HashMap<TopicPartition, u64> = HashMap::default();
         let mut receipts = Vec::with_capacity(jobs.len());
         let mut replies = Vec::with_capacity(jobs.len());
         let (mut units, mut records) = (0u64, 0u64);
@@ -335,7 +335,7 @@ impl Committer {
             }
             Store::check_key("topic", topic)?;
         }
-        let mut local_next: HashMap<TopicPartition, u64> = HashMap::new();
+        let mut local_next: HashMap<TopicPartition, u64> = HashMap::default();
         let mut offsets = Vec::with_capacity(unit.appends.len());
         let mut then = unit.then;
         let mut queue: std::collections::VecDeque<StagedAppend> = unit.appends.into();

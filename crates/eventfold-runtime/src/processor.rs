@@ -11,8 +11,9 @@ use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
 use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
 use eventfold_store::Batch;
+use foldhash::HashMap;
 use serde_json::value::RawValue;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -302,9 +303,9 @@ impl<A: Aggregate> Processor<A> {
             shared,
             metrics,
             notify,
-            cache: HashMap::new(),
+            cache: HashMap::default(),
             inflight: VecDeque::new(),
-            inflight_ids: HashMap::new(),
+            inflight_ids: HashMap::default(),
             inflight_base: 0,
             events_end: 0,
             changelog,
@@ -841,9 +842,9 @@ impl<A: Aggregate> Processor<A> {
         let now = self.clock.now_ms();
         let p = self.cfg.partition;
         let topics = self.cfg.topics.clone();
-        let mut working: HashMap<String, Cached<A>> = HashMap::new();
+        let mut working: HashMap<String, Cached<A>> = HashMap::default();
         let mut slots: Vec<Slot> = Vec::with_capacity(jobs.len());
-        let mut by_command: HashMap<String, usize> = HashMap::new();
+        let mut by_command: HashMap<String, usize> = HashMap::default();
         let mut unit = CommitUnit {
             lane: Some(p),
             ..CommitUnit::default()
