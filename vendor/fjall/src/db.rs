@@ -361,6 +361,18 @@ impl Database {
         Ok(())
     }
 
+    /// eventfold patch: `fdatasync`s the journal's writes so far without holding the
+    /// journal during the sync (only to write its buffer out), so writers go on meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// Returns error, if an IO error occurred.
+    pub fn sync_journal_unlocked(&self) -> crate::Result<()> {
+        let file = self.supervisor.journal.sync_handle()?;
+        file.sync_data()?;
+        Ok(())
+    }
+
     #[doc(hidden)]
     #[must_use]
     pub fn cache_capacity(&self) -> u64 {
