@@ -497,33 +497,24 @@ impl Drop for KafkaLog {
     }
 }
 
-/// The thread behind [`KafkaOptions::cache_sync_interval`].
+/// The thread behind [`KafkaOptions::cache_sync_interval`]; dropping `stop` stops it.
 struct CacheSync {
-    stop: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    stop: mpsc::Sender<()>,
     handle: std::thread::JoinHandle<()>,
 }
 
 impl CacheSync {
     fn start(store: Store, every: Duration) -> Result<Self> {
-        let stop = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let flag = stop.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name("eventfold-cache-sync".into())
             .spawn(move || {
-                let (lock, wake) = &*flag;
-                let mut stopped = lock.lock().expect("cache sync lock");
-                loop {
-                    stopped = wake.wait_timeout(stopped, every).expect("cache sync lock").0;
-                    if *stopped {
-                        return;
-                    }
-                    drop(stopped);
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
                     if let Err(e) = store.sync_journal_unlocked() {
                         // Only the cache's journal: Kafka holds the truth, and fjall's own
                         // rotation fsync still runs; it is just slower then.
                         tracing::warn!(error = %e, "syncing the local cache's journal failed");
                     }
-                    stopped = lock.lock().expect("cache sync lock");
                 }
             })
             .map_err(|e| Error::Closed(format!("cannot start the cache sync thread: {e}")))?;
@@ -532,8 +523,7 @@ impl CacheSync {
 
     /// Stops the thread and waits for it (at most one sync), so the store is released.
     fn stop(self) {
-        *self.stop.0.lock().expect("cache sync lock") = true;
-        self.stop.1.notify_all();
+        drop(self.stop);
         let _ = self.handle.join();
     }
 }

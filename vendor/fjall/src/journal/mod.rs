@@ -118,13 +118,13 @@ impl Journal {
         Ok(JournalBatchReader::new(raw_reader))
     }
 
-    /// Persists the journal.
     /// eventfold patch: see `Writer::sync_handle`.
     pub fn sync_handle(&self) -> crate::Result<std::fs::File> {
         let mut journal_writer = self.get_writer()?;
         journal_writer.sync_handle().map_err(Into::into)
     }
 
+    /// Persists the journal.
     pub fn persist(&self, mode: PersistMode) -> crate::Result<()> {
         let mut journal_writer = self.get_writer()?;
         journal_writer.persist(mode).map_err(Into::into)

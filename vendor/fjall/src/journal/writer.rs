@@ -199,18 +199,15 @@ impl Writer {
         })
     }
 
-    /// Persists the journal file.
     /// eventfold patch: writes the buffered journal bytes to the OS and returns another
     /// handle to the journal file, so that the caller can fsync what was written so far
     /// without holding the writer.
     pub(crate) fn sync_handle(&mut self) -> std::io::Result<File> {
-        if self.is_buffer_dirty {
-            self.file.flush()?;
-            self.is_buffer_dirty = false;
-        }
+        self.persist(PersistMode::Buffer)?;
         self.file.get_ref().try_clone()
     }
 
+    /// Persists the journal file.
     pub(crate) fn persist(&mut self, mode: PersistMode) -> std::io::Result<()> {
         log::trace!(
             "Persisting journal at {} with mode={mode:?}",
