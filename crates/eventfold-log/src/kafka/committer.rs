@@ -448,7 +448,14 @@ impl Committer {
         // No fsync: Kafka holds the committed truth and the batch carries its own
         // checkpoints, so a batch lost to a machine crash only makes the next restore
         // replay a little more from the topics (the store is a cache, DESIGN §3).
+        let store_started = Instant::now();
         let stored = self.store.commit(batch, false);
+        tracing::debug!(
+            units,
+            store_us = store_started.elapsed().as_micros() as u64,
+            group_us = write_started.elapsed().as_micros() as u64,
+            "group stored"
+        );
         self.stats
             .write_micros
             .fetch_add(write_started.elapsed().as_micros() as u64, Ordering::Relaxed);
