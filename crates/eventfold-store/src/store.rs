@@ -952,6 +952,75 @@ mod tests {
     }
 
     #[test]
+    fn flushes_and_compactions_keep_every_write_made_while_they_install_their_tables() {
+        // The vendored lsm-tree writes a flush's or a compaction's version files without
+        // its version lock and then installs the version over the memtables as they are
+        // by then (vendor/README.md): writes, and rotations by a second flusher, that
+        // land in between must all stay readable.
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        let (dir, s) = temp();
+        let (done, written, rounds) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+        let check = |s: &Store, o: u64| {
+            assert_eq!(
+                s.get_log("t", 0, o).unwrap(),
+                Some(rec(&o.to_string())),
+                "log record {o}"
+            );
+            assert!(
+                s.get_dedup("order", 0, &format!("c{o}")).unwrap().is_some(),
+                "dedup record {o}"
+            );
+        };
+        /// Stops the other threads when the writer ends, a failed check included.
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    while !done.load(Ordering::Relaxed) {
+                        s.flush().unwrap();
+                        rounds.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+            scope.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    s.compact_dedup().unwrap();
+                }
+            });
+            let writer = scope.spawn(|| {
+                let _done = Done(&done);
+                let mut o = 0;
+                while o < 2_000 || rounds.load(Ordering::Relaxed) < 30 {
+                    let mut b = Batch::new();
+                    b.put_log("t", 0, o, &rec(&o.to_string()));
+                    b.put_dedup("order", 0, &format!("c{o}"), 100, b"{}");
+                    s.commit(b, false).unwrap();
+                    check(&s, o);
+                    if o > 0 {
+                        check(&s, o / 2);
+                    }
+                    o += 1;
+                    written.store(o, Ordering::Relaxed);
+                }
+            });
+            writer.join().expect("every write stays readable");
+        });
+        let n = written.load(Ordering::Relaxed);
+        assert!(n >= 2_000, "only {n} writes during the flushes");
+        assert!(s.tables.iter().map(|k| k.table_count()).sum::<usize>() > 0);
+        (0..n).for_each(|o| check(&s, o));
+        drop(s);
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        (0..n).for_each(|o| check(&s, o));
+        assert_eq!(s.log_end("t", 0).unwrap(), n);
+    }
+
+    #[test]
     fn flush_writes_every_memtable_to_table_files() {
         let (dir, s) = temp();
         let mut b = Batch::new();
