@@ -450,15 +450,14 @@ impl Committer {
         // replay a little more from the topics (the store is a cache, DESIGN §3).
         let store_started = Instant::now();
         let stored = self.store.commit(batch, false);
+        let group_us = write_started.elapsed().as_micros() as u64;
         tracing::debug!(
             units,
             store_us = store_started.elapsed().as_micros() as u64,
-            group_us = write_started.elapsed().as_micros() as u64,
+            group_us,
             "group stored"
         );
-        self.stats
-            .write_micros
-            .fetch_add(write_started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.stats.write_micros.fetch_add(group_us, Ordering::Relaxed);
         if let Err(e) = stored {
             // Kafka holds the units but the local cache does not: nothing may be built on
             // this store any more until a restart restores it from Kafka.

@@ -457,15 +457,8 @@ impl AbstractTree for Tree {
         // (eventfold patch: under a read lock; only flushes, which hold the compaction
         // state lock, and `clear` remove sealed memtables)
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        if sealed_memtables_to_delete.iter().any(|id| {
-            !self
-                .version_history
-                .read()
-                .expect("lock is poisoned")
-                .latest_version()
-                .sealed_memtables
-                .contains(id)
-        }) {
+        let sealed = self.version_history.read().expect("lock is poisoned").latest_version().sealed_memtables;
+        if sealed_memtables_to_delete.iter().any(|id| !sealed.contains(id)) {
             log::debug!("Not registering tables because flush task processed some sealed memtables which do not exist (anymore)");
             return Ok(());
         }
