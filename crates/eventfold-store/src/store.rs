@@ -952,6 +952,77 @@ mod tests {
     }
 
     #[test]
+    fn journals_after_the_first_are_zero_filled_ahead_and_recover_like_sparse_ones() {
+        // The vendored fjall zero-fills the next journal once a quarter of the active one
+        // is written (vendor/README.md): the rotation takes it, fully allocated, and a
+        // store reopened on it reads back every write, as it does on a sparse journal.
+        use std::os::unix::fs::MetadataExt;
+        let (dir, s) = temp();
+        let files = |suffix: &str| -> Vec<std::path::PathBuf> {
+            let mut v: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_str().unwrap().ends_with(suffix))
+                .collect();
+            v.sort_by_key(|p| journal_id(p));
+            v
+        };
+        // Random bytes: the journal compresses large values.
+        let record = |o: u64| {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64(o);
+            Record {
+                value: (0..64 << 10).map(|_| rng.random::<u8>()).collect(),
+                ..rec("")
+            }
+        };
+        let write = |from: u64, to: u64| {
+            for o in from..to {
+                let mut b = Batch::new();
+                b.put_log("t", 0, o, &record(o));
+                s.commit(b, false).unwrap();
+            }
+        };
+        write(0, 300); // about 20 MB: past a quarter of the journal
+        let first = files(".jnl");
+        assert_eq!(first.len(), 1, "one journal before any rotation: {first:?}");
+        let next = journal_id(&first[0]) + 1;
+        let waited = std::time::Instant::now();
+        while !files(".jnl.spare").iter().any(|p| journal_id(p) == next) {
+            assert!(waited.elapsed().as_secs() < 60, "no spare of journal {next}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // fjall rotates a journal past 64 MB, when a flush starts.
+        write(300, 1100);
+        s.flush().unwrap();
+        let active = files(".jnl").into_iter().find(|p| journal_id(p) == next);
+        let active = active.expect("a flush past 64 MB of journal rotated it");
+        let meta = std::fs::metadata(&active).unwrap();
+        assert!(
+            meta.blocks() * 512 >= 64 << 20,
+            "journal {next} is the zero-filled spare: {} of {} bytes allocated",
+            meta.blocks() * 512,
+            meta.len()
+        );
+        assert!(
+            files(".jnl.spare").iter().all(|p| journal_id(p) != next),
+            "the spare was taken"
+        );
+        write(1100, 1150);
+        drop(s);
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert_eq!(s.log_end("t", 0).unwrap(), 1150);
+        for o in [0, 1099, 1100, 1149] {
+            assert_eq!(s.get_log("t", 0, o).unwrap(), Some(record(o)), "record {o}");
+        }
+    }
+
+    fn journal_id(path: &Path) -> u64 {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        name.split('.').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
     fn flushes_and_compactions_keep_every_write_made_while_they_install_their_tables() {
         // The vendored lsm-tree writes a flush's or a compaction's version files without
         // its version lock and then installs the version over the memtables as they are
