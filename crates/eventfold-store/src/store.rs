@@ -5,8 +5,10 @@ use crate::{Error, Result};
 use eventfold_core::{Record, RecordRef};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Slice};
 use lsm_tree::compaction::filter;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// The tables of the store. Names are stable: they are the fjall keyspace names.
@@ -116,6 +118,8 @@ pub struct Store {
     db: Database,
     tables: [Keyspace; 7],
     expiry: Arc<DedupExpiry>,
+    /// The topic of every log key tag in use (meta `log_topic/<tag>`), loaded at open.
+    topics: Arc<RwLock<HashMap<TopicTag, Arc<str>>>>,
 }
 
 /// When dedup records expire; shared by a store's clones and its `dedup` table's
@@ -196,8 +200,37 @@ pub(crate) fn concat(parts: &[&[u8]]) -> Vec<u8> {
 // Keys: each layout is built here once, for writes and reads alike, straight into
 // fjall's byte type (see `slice_of`); prefixes for scans are plain vectors.
 
+/// The first bytes of every log key: `0xFF` (no UTF-8 topic name starts with it, so keys
+/// of the older layout, `topic 0 partition offset`, are told apart) and 7 bytes of a hash
+/// of the topic. A log key is then 20 bytes, which fjall keeps inline in its memtable
+/// nodes: comparing two keys while inserting reads no other memory (the topic name
+/// first made every key longer than that, and every comparison chased a pointer).
+/// Two topics with the same tag are refused ([`Store`]'s topic registry).
+pub(crate) type TopicTag = [u8; 8];
+
+pub(crate) fn topic_tag(topic: &str) -> TopicTag {
+    // FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in topic.as_bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let h = h.to_be_bytes();
+    [0xFF, h[0], h[1], h[2], h[3], h[4], h[5], h[6]]
+}
+
+#[cfg(test)]
 fn log_key(topic: &str, partition: u32, offset: u64) -> Slice {
-    slice_of(&[topic.as_bytes(), &[0], &partition.to_be_bytes(), &offset.to_be_bytes()])
+    tagged_log_key(&topic_tag(topic), partition, offset)
+}
+
+fn tagged_log_key(tag: &TopicTag, partition: u32, offset: u64) -> Slice {
+    slice_of(&[tag, &partition.to_be_bytes(), &offset.to_be_bytes()])
+}
+
+/// The meta key naming the topic of a tag.
+fn topic_meta_key(tag: &TopicTag) -> String {
+    let hex: String = tag[1..].iter().map(|b| format!("{b:02x}")).collect();
+    format!("log_topic/{hex}")
 }
 
 fn entity_key(topic: &str, entity: &[u8], version: u64) -> Slice {
@@ -217,8 +250,8 @@ fn dedup_key(agg_type: &str, partition: u32, command_id: &str) -> Slice {
     ])
 }
 
-fn log_prefix(topic: &str, partition: u32) -> Vec<u8> {
-    key2(topic.as_bytes(), &partition.to_be_bytes())
+fn log_prefix(tag: &TopicTag, partition: u32) -> Vec<u8> {
+    concat(&[tag, &partition.to_be_bytes()])
 }
 
 fn log_end_key(topic: &str, partition: u32) -> String {
@@ -240,6 +273,12 @@ fn printable(key: &[u8]) -> String {
             }
         })
         .collect()
+}
+
+fn tag_collision(topic: &str, holder: &str) -> Error {
+    Error::InvalidKey(format!(
+        "topic `{topic}` has the same log key tag as topic `{holder}` in this store; their records would mix: rename one of them"
+    ))
 }
 
 pub(crate) fn corrupt(table: Table, key: &[u8], reason: String) -> Error {
@@ -277,6 +316,9 @@ impl EncodedRecord {
 pub struct Batch {
     ops: Vec<(Table, Slice, Option<Slice>)>,
     bytes: usize,
+    /// The topics this batch writes log records of, each once, with their tags: the store
+    /// checks them against its topic registry before it writes.
+    log_topics: Vec<(TopicTag, Box<str>)>,
 }
 
 impl Batch {
@@ -290,6 +332,7 @@ impl Batch {
         Self {
             ops: Vec::with_capacity(ops),
             bytes: 0,
+            log_topics: Vec::new(),
         }
     }
 
@@ -312,6 +355,15 @@ impl Batch {
     pub fn append(&mut self, other: Batch) {
         self.bytes += other.bytes;
         self.ops.extend(other.ops);
+        for (tag, topic) in other.log_topics {
+            self.note_topic(tag, &topic);
+        }
+    }
+
+    fn note_topic(&mut self, tag: TopicTag, topic: &str) {
+        if !self.log_topics.iter().any(|(t, n)| *t == tag && **n == *topic) {
+            self.log_topics.push((tag, topic.into()));
+        }
     }
 
     pub(crate) fn put(&mut self, table: Table, key: impl Into<Slice>, value: impl Into<Slice>) {
@@ -333,7 +385,9 @@ impl Batch {
 
     /// Appends a record encoded beforehand (so a single writer thread only builds keys).
     pub fn put_log_encoded(&mut self, topic: &str, partition: u32, offset: u64, record: EncodedRecord) {
-        self.put(Table::Log, log_key(topic, partition, offset), record.0);
+        let tag = topic_tag(topic);
+        self.note_topic(tag, topic);
+        self.put(Table::Log, tagged_log_key(&tag, partition, offset), record.0);
     }
 
     /// Records that `topic`/`partition` has been seen up to `next` (exclusive) without its
@@ -534,7 +588,111 @@ impl Store {
             open(Table::ViewRow)?,
             open(Table::ViewIndex)?,
         ];
-        Ok(Self { db, tables, expiry })
+        let store = Self {
+            db,
+            tables,
+            expiry,
+            topics: Arc::default(),
+        };
+        store.load_topics()?;
+        store.migrate_log_keys()?;
+        Ok(store)
+    }
+
+    fn load_topics(&self) -> Result<()> {
+        let mut topics = self.topics.write().expect("topic registry lock");
+        for kv in self.table(Table::Meta).prefix("log_topic/") {
+            let (k, v) = kv.into_inner()?;
+            let topic = unframe(&v)
+                .and_then(|t| std::str::from_utf8(t).map_err(|e| e.to_string()))
+                .map_err(|e| corrupt(Table::Meta, &k, e))?;
+            topics.insert(topic_tag(topic), Arc::from(topic));
+        }
+        Ok(())
+    }
+
+    /// Checks the topics `batch` writes log records of against the registry, and
+    /// registers (durably, before the batch is written) the ones seen for the first time.
+    /// A topic whose tag another topic already has is refused: their records would mix.
+    fn register_topics(&self, topics: &[(TopicTag, Box<str>)]) -> Result<()> {
+        let known = |reg: &HashMap<TopicTag, Arc<str>>| -> Result<bool> {
+            let mut all = true;
+            for (tag, topic) in topics {
+                match reg.get(tag) {
+                    Some(t) if **t == **topic => {}
+                    Some(t) => return Err(tag_collision(topic, t)),
+                    None => all = false,
+                }
+            }
+            Ok(all)
+        };
+        if known(&self.topics.read().expect("topic registry lock"))? {
+            return Ok(());
+        }
+        let mut reg = self.topics.write().expect("topic registry lock");
+        if known(&reg)? {
+            return Ok(());
+        }
+        let mut b = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), topics.len())
+            .durability(Some(PersistMode::SyncData));
+        let mut new: Vec<(TopicTag, &str)> = Vec::new();
+        for (tag, topic) in topics {
+            if let Some((_, t)) = new.iter().find(|(t, n)| t == tag && *n != &**topic) {
+                return Err(tag_collision(topic, t));
+            }
+            if !reg.contains_key(tag) && !new.iter().any(|(t, _)| t == tag) {
+                b.insert(self.table(Table::Meta), topic_meta_key(tag), framed(topic.as_bytes()));
+                new.push((*tag, topic));
+            }
+        }
+        b.commit()?;
+        for (tag, topic) in new {
+            reg.insert(tag, Arc::from(topic));
+        }
+        Ok(())
+    }
+
+    /// The tag of `topic`'s log keys; an error if another topic holds it.
+    fn tag_of(&self, topic: &str) -> Result<TopicTag> {
+        let tag = topic_tag(topic);
+        match self.topics.read().expect("topic registry lock").get(&tag) {
+            Some(t) if **t != *topic => Err(tag_collision(topic, t)),
+            _ => Ok(tag),
+        }
+    }
+
+    /// Stores written before log keys were tagged keep `topic 0 partition offset`: their
+    /// records move to tagged keys at open, 50,000 per atomic batch, so that a crash
+    /// leaves a store that the next open goes on moving (old keys sort before `0xFF`).
+    fn migrate_log_keys(&self) -> Result<()> {
+        let log = self.table(Table::Log);
+        let mut moved = 0u64;
+        loop {
+            let mut b = Batch::new();
+            for kv in log.range::<&[u8], _>(..&[0xFFu8][..]).take(50_000) {
+                let (k, v) = kv.into_inner()?;
+                let n = k.len();
+                let topic = (n >= 13 && k[n - 13] == 0)
+                    .then(|| std::str::from_utf8(&k[..n - 13]).ok())
+                    .flatten()
+                    .ok_or_else(|| corrupt(Table::Log, &k, "not a log key of any layout".into()))?;
+                let partition = u32::from_be_bytes(k[n - 12..n - 8].try_into().expect("4 bytes"));
+                let tag = topic_tag(topic);
+                b.note_topic(tag, topic);
+                b.put(Table::Log, tagged_log_key(&tag, partition, offset_of(&k)), v);
+                b.delete(Table::Log, k);
+            }
+            if b.is_empty() {
+                break;
+            }
+            moved += b.len() as u64 / 2;
+            self.commit(b, true)?;
+            tracing::info!(moved, "moving log records to the tagged key layout");
+        }
+        if moved > 0 {
+            tracing::info!(moved, "moved log records to the tagged key layout");
+        }
+        Ok(())
     }
 
     /// Dedup records written before `horizon_ms` are past their window: every compaction
@@ -590,6 +748,9 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
+        if !batch.log_topics.is_empty() {
+            self.register_topics(&batch.log_topics)?;
+        }
         let mut b =
             fjall::OwnedWriteBatch::with_capacity(self.db.clone(), batch.ops.len()).durability(Some(if durable {
                 PersistMode::SyncData
@@ -616,6 +777,9 @@ impl Store {
     /// whose interruption the caller notices and repeats, like a view rebuild under its
     /// marker. Concurrent commits to other keys are safe.
     pub fn ingest(&self, batch: Batch) -> Result<()> {
+        if !batch.log_topics.is_empty() {
+            self.register_topics(&batch.log_topics)?;
+        }
         let mut by_table: Vec<Vec<KeyOp>> = (0..Table::ALL.len()).map(|_| Vec::new()).collect();
         for (t, k, v) in batch.ops {
             by_table[Table::ALL.iter().position(|x| *x == t).expect("every table is listed")].push((k, v));
@@ -692,14 +856,15 @@ impl Store {
         max: usize,
         f: &mut dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool,
     ) -> Result<()> {
-        let start = log_key(topic, partition, from);
-        let end = log_key(topic, partition, u64::MAX);
+        let tag = self.tag_of(topic)?;
+        let start = tagged_log_key(&tag, partition, from);
+        let end = tagged_log_key(&tag, partition, u64::MAX);
         let mut at = Vec::new();
         for kv in self.table(Table::Log).range(start..end).take(max) {
             let (k, v) = kv.into_inner()?;
             let record = unframe(&v)
                 .and_then(|payload| crate::codec::decode_record_ref(payload, &mut at))
-                .map_err(|e| corrupt(Table::Log, &k, e))?;
+                .map_err(|e| corrupt_log(topic, partition, offset_of(&k), e))?;
             if !f(offset_of(&k), record) {
                 break;
             }
@@ -709,9 +874,9 @@ impl Store {
 
     /// One log record, if present.
     pub fn get_log(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>> {
-        let k = log_key(topic, partition, offset);
+        let k = tagged_log_key(&self.tag_of(topic)?, partition, offset);
         match self.table(Table::Log).get(&k)? {
-            Some(v) => decode_framed_record(&k, &v).map(Some),
+            Some(v) => decode_framed_record(topic, partition, offset, &v).map(Some),
             None => Ok(None),
         }
     }
@@ -726,7 +891,7 @@ impl Store {
 
     /// The offset after the last record of `topic`/`partition` stored here (0 when none).
     pub fn stored_log_end(&self, topic: &str, partition: u32) -> Result<u64> {
-        let prefix = log_prefix(topic, partition);
+        let prefix = log_prefix(&self.tag_of(topic)?, partition);
         match self.table(Table::Log).prefix(&prefix).next_back() {
             Some(kv) => Ok(offset_of(&kv.key()?) + 1),
             None => Ok(0),
@@ -826,10 +991,20 @@ fn offset_of(log_key: &[u8]) -> u64 {
     u64::from_be_bytes(log_key[n - 8..].try_into().expect("log keys end in an offset"))
 }
 
-fn decode_framed_record(k: &[u8], v: &[u8]) -> Result<Record> {
+fn decode_framed_record(topic: &str, partition: u32, offset: u64, v: &[u8]) -> Result<Record> {
     unframe(v)
         .and_then(decode_record)
-        .map_err(|e| corrupt(Table::Log, k, e))
+        .map_err(|e| corrupt_log(topic, partition, offset, e))
+}
+
+/// A corrupt log record, named by topic, partition and offset (its key holds a tag of the
+/// topic, not its name).
+fn corrupt_log(topic: &str, partition: u32, offset: u64, reason: String) -> Error {
+    Error::Corrupt {
+        table: Table::Log.name(),
+        key: format!("{topic}/{partition}@{offset}"),
+        reason,
+    }
 }
 
 #[cfg(test)]
@@ -949,6 +1124,84 @@ mod tests {
         drop(s);
         let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         assert_eq!(s.log_end("t", 0).unwrap(), 50);
+    }
+
+    #[test]
+    fn log_records_of_the_untagged_layout_move_to_tagged_keys_at_open() {
+        // A store written before log keys were tagged: `topic 0 partition offset`.
+        let dir = tempfile::tempdir().unwrap();
+        let old_key =
+            |topic: &str, p: u32, o: u64| concat(&[topic.as_bytes(), &[0], &p.to_be_bytes(), &o.to_be_bytes()]);
+        {
+            let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+            let mut b = Batch::new();
+            for o in 0..60_003u64 {
+                let (topic, p) = if o % 3 == 0 { ("shop.order.events", 2) } else { ("x", 0) };
+                b.put(
+                    Table::Log,
+                    old_key(topic, p, o),
+                    EncodedRecord::new(&rec(&o.to_string())).0,
+                );
+            }
+            s.commit(b, true).unwrap();
+        }
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let old_left = s.table(Table::Log).range::<&[u8], _>(..&[0xFFu8][..]).count();
+        assert_eq!(old_left, 0, "every record moved");
+        assert_eq!(s.log_end("shop.order.events", 2).unwrap(), 60_001);
+        assert_eq!(s.log_end("x", 0).unwrap(), 60_003);
+        let events = s.read_log("shop.order.events", 2, 0, 100_000).unwrap();
+        assert_eq!(events.len(), 20_001);
+        assert!(events.iter().all(|(o, r)| o % 3 == 0 && *r == rec(&o.to_string())));
+        assert_eq!(s.get_log("x", 0, 60_001).unwrap(), Some(rec("60001")));
+        // Written after the move, read with the rest.
+        let mut b = Batch::new();
+        b.put_log("x", 0, 60_003, &rec("new"));
+        s.commit(b, true).unwrap();
+        assert_eq!(s.read_log("x", 0, 60_001, 10).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_topic_whose_tag_another_topic_holds_is_refused() {
+        let (dir, s) = temp();
+        let mut b = Batch::new();
+        b.put_log("shop.order.events", 0, 0, &rec("a"));
+        s.commit(b, true).unwrap();
+        drop(s);
+        // No two real names are known to collide: the registry is told that the tag of
+        // `shop.order.events` belongs to another topic.
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        s.topics
+            .write()
+            .unwrap()
+            .insert(topic_tag("shop.order.events"), Arc::from("someone.else"));
+        let mut b = Batch::new();
+        b.put_log("shop.order.events", 0, 1, &rec("b"));
+        let err = s.commit(b, true).unwrap_err().to_string();
+        assert!(
+            err.contains("same log key tag") && err.contains("someone.else"),
+            "{err}"
+        );
+        let err = s.read_log("shop.order.events", 0, 0, 10).unwrap_err().to_string();
+        assert!(err.contains("same log key tag"), "{err}");
+        // Two topics of one tag in one batch are refused too, before anything is written.
+        let mut b = Batch::new();
+        b.note_topic(topic_tag("t1"), "t1");
+        b.note_topic(topic_tag("t1"), "t2");
+        b.put_meta("m", 1);
+        assert!(s.commit(b, true).is_err());
+        assert_eq!(s.get_meta("m").unwrap(), None);
+        // The registry is durable: a reopened store knows the topic.
+        drop(s);
+        let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert_eq!(
+            s.topics
+                .read()
+                .unwrap()
+                .get(&topic_tag("shop.order.events"))
+                .map(|t| t.to_string()),
+            Some("shop.order.events".to_owned())
+        );
     }
 
     #[test]
