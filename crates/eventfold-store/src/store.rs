@@ -120,6 +120,8 @@ pub struct Store {
     expiry: Arc<DedupExpiry>,
     /// The topic of every log key tag in use (meta `log_topic/<tag>`), loaded at open.
     topics: Arc<RwLock<HashMap<TopicTag, Arc<str>>>>,
+    /// Held while new topics are registered (readers of `topics` do not wait for that).
+    registering: Arc<std::sync::Mutex<()>>,
 }
 
 /// When dedup records expire; shared by a store's clones and its `dedup` table's
@@ -593,6 +595,7 @@ impl Store {
             tables,
             expiry,
             topics: Arc::default(),
+            registering: Arc::default(),
         };
         store.load_topics()?;
         store.migrate_log_keys()?;
@@ -629,7 +632,8 @@ impl Store {
         if known(&self.topics.read().expect("topic registry lock"))? {
             return Ok(());
         }
-        let mut reg = self.topics.write().expect("topic registry lock");
+        let _registering = self.registering.lock().expect("topic registration lock");
+        let reg = self.topics.read().expect("topic registry lock").clone();
         if known(&reg)? {
             return Ok(());
         }
@@ -646,6 +650,7 @@ impl Store {
             }
         }
         b.commit()?;
+        let mut reg = self.topics.write().expect("topic registry lock");
         for (tag, topic) in new {
             reg.insert(tag, Arc::from(topic));
         }
