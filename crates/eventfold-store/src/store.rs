@@ -220,11 +220,6 @@ pub(crate) fn topic_tag(topic: &str) -> TopicTag {
     [0xFF, h[0], h[1], h[2], h[3], h[4], h[5], h[6]]
 }
 
-#[cfg(test)]
-fn log_key(topic: &str, partition: u32, offset: u64) -> Slice {
-    tagged_log_key(&topic_tag(topic), partition, offset)
-}
-
 fn tagged_log_key(tag: &TopicTag, partition: u32, offset: u64) -> Slice {
     slice_of(&[tag, &partition.to_be_bytes(), &offset.to_be_bytes()])
 }
@@ -275,6 +270,27 @@ fn printable(key: &[u8]) -> String {
             }
         })
         .collect()
+}
+
+/// The topics of `topics` that `registry` does not know yet, each tag once; an error if a
+/// tag is taken by another topic, in the registry or within `topics`.
+fn unregistered<'t>(
+    registry: &HashMap<TopicTag, Arc<str>>,
+    topics: &'t [(TopicTag, Box<str>)],
+) -> Result<Vec<(TopicTag, &'t str)>> {
+    let mut new: Vec<(TopicTag, &str)> = Vec::new();
+    for (tag, topic) in topics {
+        let holder = registry
+            .get(tag)
+            .map(|t| &**t)
+            .or_else(|| new.iter().find(|(t, _)| t == tag).map(|(_, n)| *n));
+        match holder {
+            Some(t) if t == &**topic => {}
+            Some(t) => return Err(tag_collision(topic, t)),
+            None => new.push((*tag, topic)),
+        }
+    }
+    Ok(new)
 }
 
 fn tag_collision(topic: &str, holder: &str) -> Error {
@@ -618,36 +634,18 @@ impl Store {
     /// registers (durably, before the batch is written) the ones seen for the first time.
     /// A topic whose tag another topic already has is refused: their records would mix.
     fn register_topics(&self, topics: &[(TopicTag, Box<str>)]) -> Result<()> {
-        let known = |reg: &HashMap<TopicTag, Arc<str>>| -> Result<bool> {
-            let mut all = true;
-            for (tag, topic) in topics {
-                match reg.get(tag) {
-                    Some(t) if **t == **topic => {}
-                    Some(t) => return Err(tag_collision(topic, t)),
-                    None => all = false,
-                }
-            }
-            Ok(all)
-        };
-        if known(&self.topics.read().expect("topic registry lock"))? {
+        if unregistered(&self.topics.read().expect("topic registry lock"), topics)?.is_empty() {
             return Ok(());
         }
         let _registering = self.registering.lock().expect("topic registration lock");
-        let reg = self.topics.read().expect("topic registry lock").clone();
-        if known(&reg)? {
+        let new = unregistered(&self.topics.read().expect("topic registry lock"), topics)?;
+        if new.is_empty() {
             return Ok(());
         }
-        let mut b = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), topics.len())
-            .durability(Some(PersistMode::SyncData));
-        let mut new: Vec<(TopicTag, &str)> = Vec::new();
-        for (tag, topic) in topics {
-            if let Some((_, t)) = new.iter().find(|(t, n)| t == tag && *n != &**topic) {
-                return Err(tag_collision(topic, t));
-            }
-            if !reg.contains_key(tag) && !new.iter().any(|(t, _)| t == tag) {
-                b.insert(self.table(Table::Meta), topic_meta_key(tag), framed(topic.as_bytes()));
-                new.push((*tag, topic));
-            }
+        let mut b =
+            fjall::OwnedWriteBatch::with_capacity(self.db.clone(), new.len()).durability(Some(PersistMode::SyncData));
+        for (tag, topic) in &new {
+            b.insert(self.table(Table::Meta), topic_meta_key(tag), framed(topic.as_bytes()));
         }
         b.commit()?;
         let mut reg = self.topics.write().expect("topic registry lock");
@@ -1450,7 +1448,11 @@ mod tests {
             b.put_log("t", 0, i as u64, r);
         }
         // A frame whose checksum holds but whose payload is not a record.
-        b.put(Table::Log, log_key("t", 0, 3), framed(b"not a record"));
+        b.put(
+            Table::Log,
+            tagged_log_key(&topic_tag("t"), 0, 3),
+            framed(b"not a record"),
+        );
         s.commit(b, false).unwrap();
         let mut lent = Vec::new();
         let err = s

@@ -213,20 +213,25 @@ impl Writer {
         let path = path.into();
 
         // eventfold patch: a journal zero-filled ahead of time, if one is ready (see `spare`).
-        if let Some(file) = spare::take(&path) {
-            return Ok(Self {
-                path,
-                file: BufWriter::new(file),
-                buf: Vec::new(),
-                is_buffer_dirty: false,
-                written: 0,
-                spare_requested: false,
-                compression: CompressionType::None,
-                compression_threshold: 0,
-            });
-        }
+        let file = match spare::take(&path) {
+            Some(file) => file,
+            None => Self::create_sparse(&path)?,
+        };
 
-        let file = File::create_new(&path).inspect_err(|e| {
+        Ok(Self {
+            path,
+            file: BufWriter::new(file),
+            buf: Vec::new(),
+            is_buffer_dirty: false,
+            written: 0,
+            spare_requested: false,
+            compression: CompressionType::None,
+            compression_threshold: 0,
+        })
+    }
+
+    fn create_sparse(path: &Path) -> crate::Result<File> {
+        let file = File::create_new(path).inspect_err(|e| {
             log::error!("Failed to create journal file at {}: {e:?}", path.display());
         })?;
 
@@ -241,16 +246,7 @@ impl Writer {
             log::error!("Failed to fsync journal file at {}: {e:?}", path.display());
         })?;
 
-        Ok(Self {
-            path,
-            file: BufWriter::new(file),
-            buf: Vec::new(),
-            is_buffer_dirty: false,
-            written: 0,
-            spare_requested: false,
-            compression: CompressionType::None,
-            compression_threshold: 0,
-        })
+        Ok(file)
     }
 
     pub fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
