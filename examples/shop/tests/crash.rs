@@ -796,6 +796,8 @@ async fn two_instances_one_killed_at_a_time_keep_invariants_on_kafka() {
 /// retried once the partitions moved gets the definitive outcome. Then the paused one
 /// resumes (SIGCONT) with work in flight: its commits are refused (the group generation
 /// moved on), and the invariants hold, checked over HTTP and by an independent consumer.
+/// A round whose paused instance happened to be idle is repeated (at most
+/// [`ZOMBIE_ROUNDS`]); the test fails if no round had a commit refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paused_instance_cannot_commit_once_its_partitions_moved_on_kafka() {
     let _one_at_a_time = SERIAL.lock().await;
@@ -1009,26 +1011,47 @@ fn refused_commits(path: &Path) -> usize {
         .count()
 }
 
-/// The zombie round of [`Disruption::PauseOne`] (see the test's docs); the command it
-/// sends is added to `sent`.
+/// Most zombie rounds of [`Disruption::PauseOne`]: a round tests fencing only if the
+/// paused instance had work in flight when it stopped, which the load makes likely, not
+/// certain (it was idle at the instant in about one round of three, 2026-12-02).
+const ZOMBIE_ROUNDS: u32 = 4;
+
+/// One zombie round of [`Disruption::PauseOne`] (see the test's docs); the command it
+/// sends is added to `sent`. True if the resumed instance had a commit refused.
 async fn zombie_round(
     http: &reqwest::Client,
     shared: &Shared,
     live: &Server,
     paused: &Server,
+    round: u32,
     sent: &mut Vec<Sent>,
     failures: &mut Vec<String>,
-) {
-    let (_, cluster) = get(http, &format!("{}/v1/cluster", live.base())).await;
-    let theirs: HashSet<u64> = cluster["partitions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["aggregate"] == "order" && p["owner"] == "b")
-        .filter_map(|p| p["partition"].as_u64())
-        .collect();
+) -> bool {
+    // After a round, the resumed instance gets partitions back only once the group has
+    // rebalanced again and it has restored them: a later round waits for that (at most
+    // 60 s), then lets the load run on them for as long as before the first round.
+    let deadline = Instant::now() + Duration::from_secs(if round == 0 { 0 } else { 60 });
+    let (cluster, theirs) = loop {
+        let (_, cluster) = get(http, &format!("{}/v1/cluster", live.base())).await;
+        let theirs: HashSet<u64> = cluster["partitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["aggregate"] == "order" && p["owner"] == "b")
+            .filter_map(|p| p["partition"].as_u64())
+            .collect();
+        let ready = round == 0 || get(http, &format!("{}/readyz", paused.base())).await.0 == 200;
+        if (!theirs.is_empty() && ready) || Instant::now() >= deadline {
+            break (cluster, theirs);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    if round > 0 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
     if theirs.is_empty() {
-        return failures.push(format!("zombie: instance b owns no order partition: {cluster}"));
+        failures.push(format!("zombie: instance b owns no order partition: {cluster}"));
+        return false;
     }
     // A fresh order on one of the paused instance's partitions.
     let n = loop {
@@ -1041,7 +1064,7 @@ async fn zombie_round(
     let refused_before = refused_commits(&paused.stderr_path);
     signal(paused, "STOP");
     let order = order_id(n);
-    let key = "zombie-key".to_owned();
+    let key = format!("zombie-key-{round}");
     let command =
         json!({"type": "PlaceOrder", "customer_id": "c-z", "items": [{"sku": "fig", "qty": 1, "price_cents": 5}]});
     let url = format!("{}/v1/aggregates/order/{order}/commands", live.base());
@@ -1081,16 +1104,20 @@ async fn zombie_round(
     });
     signal(paused, "CONT");
     wait_split(http, &[live.base(), paused.base()], failures).await;
-    if refused_commits(&paused.stderr_path) <= refused_before {
-        failures.push("zombie: the resumed instance had no commit refused: the pause did not test fencing".into());
-    }
     let log = std::fs::read_to_string(&paused.stderr_path).unwrap_or_default();
-    if let Some(line) = log
+    match log
         .lines()
         .filter(|l| l.contains("Kafka transaction failed"))
         .nth(refused_before)
     {
-        eprintln!("crash test: the resumed instance's first refused commit: {line}");
+        Some(line) => {
+            eprintln!("crash test: zombie round {round}: the resumed instance's first refused commit: {line}");
+            true
+        }
+        None => {
+            eprintln!("crash test: zombie round {round}: the resumed instance had no work in flight");
+            false
+        }
     }
 }
 
@@ -1228,7 +1255,18 @@ async fn crash_run_with(extra_args: Vec<String>, kafka: Option<(String, String)>
     let mut sent: Vec<Sent> = Vec::new();
     if let (Disruption::PauseOne, Some(peer)) = (&disruption, peer.as_ref()) {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        zombie_round(&http, &shared, &server, peer, &mut sent, &mut recovery_failures).await;
+        let mut fenced = false;
+        for round in 0..ZOMBIE_ROUNDS {
+            fenced = zombie_round(&http, &shared, &server, peer, round, &mut sent, &mut recovery_failures).await;
+            if fenced {
+                break;
+            }
+        }
+        if !fenced {
+            recovery_failures.push(format!(
+                "zombie: in {ZOMBIE_ROUNDS} rounds the resumed instance had no commit refused: the pause did not test fencing"
+            ));
+        }
         // Some load after the zombie resumed too.
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
