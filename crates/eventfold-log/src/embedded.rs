@@ -27,7 +27,15 @@ pub struct Options {
     pub max_unit_bytes: usize,
     /// Most bytes merged into one group commit.
     pub max_group_bytes: usize,
+    /// Nice value the committer thread asks for (Linux; 0 leaves it at the process's).
+    /// Every commit passes through that one thread, so it should not wait for a core
+    /// behind request handling (see [`crate::priority`]); raising it needs `CAP_SYS_NICE`
+    /// or `RLIMIT_NICE`, and is skipped with a log line otherwise.
+    pub committer_nice: i32,
 }
+
+/// The default [`Options::committer_nice`].
+pub const DEFAULT_COMMITTER_NICE: i32 = -10;
 
 impl Default for Options {
     fn default() -> Self {
@@ -36,6 +44,7 @@ impl Default for Options {
             fsync: true,
             max_unit_bytes: 16 << 20,
             max_group_bytes: 32 << 20,
+            committer_nice: DEFAULT_COMMITTER_NICE,
         }
     }
 }
@@ -44,6 +53,9 @@ impl Default for Options {
 pub(crate) use crate::Counters as Stats;
 
 const PARTITIONS_KEY: &str = "log/partitions";
+
+/// The committer thread's name (`/proc/<pid>/task/*/comm` shows its first 15 bytes).
+pub const COMMITTER_THREAD: &str = "eventfold-commit";
 
 /// A commit unit with its records already encoded and checksummed by the caller, so the
 /// single committer thread only assigns offsets, builds keys and writes.
@@ -110,6 +122,7 @@ pub struct EmbeddedLog {
     options: Options,
     tx: mpsc::UnboundedSender<Job>,
     stats: Arc<Stats>,
+    priority: crate::priority::Applied,
 }
 
 impl EmbeddedLog {
@@ -142,16 +155,31 @@ impl EmbeddedLog {
             poisoned: None,
             fenced: HashMap::default(),
         };
+        let (started, priority) = std::sync::mpsc::sync_channel(1);
+        let nice = options.committer_nice;
         std::thread::Builder::new()
-            .name("eventfold-commit".into())
-            .spawn(move || committer.run(rx))
+            .name(COMMITTER_THREAD.into())
+            .spawn(move || {
+                let _ = started.send(crate::priority::apply(nice));
+                committer.run(rx)
+            })
             .map_err(|e| Error::Closed(format!("cannot start the committer thread: {e}")))?;
+        let priority = priority
+            .recv()
+            .map_err(|_| Error::Closed("the committer thread stopped at start".into()))?;
+        crate::priority::log(COMMITTER_THREAD, priority);
         Ok(Self {
             store,
             options,
             tx,
             stats,
+            priority,
         })
+    }
+
+    /// What became of [`Options::committer_nice`].
+    pub fn committer_priority(&self) -> crate::priority::Applied {
+        self.priority
     }
 
     /// Hands `staged` to the committer; the future resolves with its receipt.

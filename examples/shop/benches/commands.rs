@@ -1,9 +1,11 @@
 //! In-process command throughput: the shop's `order` aggregate on the embedded log with
 //! fsync on, driven by N concurrent submitters without HTTP. Prints the median of runs.
 //!
-//! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]`
+//! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]
+//! [--fsync 1] [--committer-nice -10] [--huge-pages 0]`
 
 use eventfold::log::embedded::{EmbeddedLog, Options};
+use eventfold::log::priority::Applied;
 use eventfold::runtime::{CommandRequest, Runtime, RuntimeOptions};
 use eventfold::store::{Store, StoreOptions};
 use shop::domain::Order;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn arg(name: &str, default: u64) -> u64 {
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
         .position(|a| a == name)
@@ -23,17 +25,24 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-async fn run_once(concurrency: u64, seconds: u64, fsync: bool) -> (f64, Vec<u64>) {
+async fn run_once(concurrency: u64, seconds: u64, fsync: bool, committer_nice: i32) -> (f64, Vec<u64>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     let log = EmbeddedLog::open(
         store,
         Options {
             fsync,
+            committer_nice,
             ..Default::default()
         },
     )
     .unwrap();
+    if let Applied::Refused { .. } = log.committer_priority() {
+        eprintln!(
+            "  committer priority: {:?} (run as root or with `ulimit -e 30`)",
+            log.committer_priority()
+        );
+    }
     let log: Arc<dyn eventfold::log::Log> = Arc::new(log);
     let rt = Runtime::builder(RuntimeOptions {
         app_id: "bench".into(),
@@ -96,9 +105,11 @@ fn main() {
     let concurrency = arg("--concurrency", 64);
     let seconds = arg("--seconds", 5);
     let runs = arg("--runs", 3);
-    let fsync = arg("--fsync", 1) == 1;
+    let fsync = arg("--fsync", 1u64) == 1;
+    // The committer thread's nice value (0: as the process); the shop's default otherwise.
+    let committer_nice = arg("--committer-nice", eventfold::log::embedded::DEFAULT_COMMITTER_NICE);
     // As the shop binary does; `--huge-pages 1` keeps them, to compare.
-    let huge_pages = arg("--huge-pages", 0) == 1;
+    let huge_pages = arg("--huge-pages", 0u64) == 1;
     if !huge_pages {
         eventfold::process::disable_transparent_huge_pages().expect("prctl(PR_SET_THP_DISABLE)");
     }
@@ -107,11 +118,11 @@ fn main() {
         .build()
         .unwrap();
     eprintln!(
-        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, huge pages {huge_pages}, {} cores",
+        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {committer_nice}, huge pages {huge_pages}, {} cores",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let mut results: Vec<(f64, Vec<u64>)> = (0..runs)
-        .map(|_| rt.block_on(run_once(concurrency, seconds, fsync)))
+        .map(|_| rt.block_on(run_once(concurrency, seconds, fsync, committer_nice)))
         .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (tput, pcts) = &results[results.len() / 2];

@@ -66,6 +66,12 @@ pub struct ServeOptions {
     /// Disable fsync of commits. Unsafe: only for throwaway benchmarks.
     #[arg(long, env = "EVENTFOLD_NO_FSYNC")]
     pub no_fsync: bool,
+    /// Embedded log: nice value of the thread every commit passes through (Linux), so it
+    /// does not wait for a core behind request handling; 0 leaves it at the process's.
+    /// Raising it needs CAP_SYS_NICE (root) or `ulimit -e 30`; without either the service
+    /// logs that and runs at normal priority.
+    #[arg(long, env = "EVENTFOLD_COMMITTER_NICE", default_value_t = embedded::DEFAULT_COMMITTER_NICE, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub committer_nice: i32,
     /// Kafka mode: transactional producers committing in parallel (transactional ids
     /// `<app-id>-<instance-id>-<k>`; partition p commits through producer p mod N). Keep
     /// it constant across restarts of an instance.
@@ -182,6 +188,7 @@ fn open_log(opts: &ServeOptions, store: Store, reader: bool) -> anyhow::Result<A
             embedded::Options {
                 partitions: opts.partitions,
                 fsync: !opts.no_fsync,
+                committer_nice: opts.committer_nice,
                 ..Default::default()
             },
         )?),
