@@ -26,9 +26,35 @@ pub fn type_of(json: &[u8], what: &'static str) -> Result<String> {
     }
 }
 
+/// The `"type"` field when it is the object's first field and its string has no escapes,
+/// as serde writes internally tagged enums and as clients usually send them: read without
+/// a JSON parse. `None` for anything else (the caller parses).
+fn leading_type(json: &[u8]) -> Option<&str> {
+    fn skip_ws(b: &[u8]) -> &[u8] {
+        let n = b
+            .iter()
+            .take_while(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+            .count();
+        &b[n..]
+    }
+    let rest = skip_ws(json).strip_prefix(b"{")?;
+    let rest = skip_ws(rest).strip_prefix(b"\"type\"")?;
+    let rest = skip_ws(rest).strip_prefix(b":")?;
+    let rest = skip_ws(rest).strip_prefix(b"\"")?;
+    let end = rest.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+    if rest[end] != b'"' {
+        return None;
+    }
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
 /// Decodes a command body for `aggregate_type`, returning its type name and value.
 pub fn decode_command<C: DeserializeOwned>(aggregate_type: &str, body: &[u8]) -> Result<(String, C)> {
-    let command_type = type_of(body, "command")?;
+    // The typed decoding below checks the whole body: the type may be read the cheap way.
+    let command_type = match leading_type(body) {
+        Some(t) => t.to_owned(),
+        None => type_of(body, "command")?,
+    };
     match serde_json::from_slice::<C>(body) {
         Ok(c) => Ok((command_type, c)),
         Err(e) if e.to_string().starts_with("unknown variant") => Err(Error::UnknownCommand {
@@ -51,7 +77,10 @@ pub fn to_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
 /// Encodes an event and returns `(type name, JSON bytes)`.
 pub fn encode_event<E: serde::Serialize>(event: &E) -> (String, Vec<u8>) {
     let json = to_json(event);
-    let ty = type_of(&json, "event").unwrap_or_else(|_| "unknown".to_owned());
+    let ty = match leading_type(&json) {
+        Some(t) => t.to_owned(),
+        None => type_of(&json, "event").unwrap_or_else(|_| "unknown".to_owned()),
+    };
     (ty, json)
 }
 
@@ -88,6 +117,26 @@ mod tests {
         let e = decode_command::<Cmd>("counter", br#"{"n":1}"#).unwrap_err();
         assert!(matches!(e, Error::Malformed { .. }), "{e}");
         let e = decode_command::<Cmd>("counter", br#"[1,2]"#).unwrap_err();
+        assert!(matches!(e, Error::Malformed { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_leading_type_is_read_without_a_parse_and_anything_else_is_left_to_one() {
+        assert_eq!(leading_type(br#"{"type":"Add","n":3}"#), Some("Add"));
+        assert_eq!(leading_type(b" {\n  \"type\" : \"Add\" }"), Some("Add"));
+        assert_eq!(leading_type(br#"{"type":"Ad\u0064"}"#), None, "escapes");
+        assert_eq!(leading_type(br#"{"n":3,"type":"Add"}"#), None, "not first");
+        assert_eq!(leading_type(br#"{"type":3}"#), None);
+        assert_eq!(leading_type(br#"{"type":"Add"#), None, "unterminated");
+        assert_eq!(leading_type(b"{\"type\":\"\xff\"}"), None, "not UTF-8");
+        // Every such body decodes as the full parse does.
+        let (ty, c): (String, Cmd) = decode_command("counter", br#"{"type":"Ad\u0064","n":3}"#).unwrap();
+        assert_eq!((ty.as_str(), c), ("Add", Cmd::Add { n: 3 }));
+        let (ty, c): (String, Cmd) = decode_command("counter", br#"{"n":3,"type":"Add"}"#).unwrap();
+        assert_eq!((ty.as_str(), c), ("Add", Cmd::Add { n: 3 }));
+        let e = decode_command::<Cmd>("counter", br#"{"type":"Add","n":3"#).unwrap_err();
+        assert!(matches!(e, Error::Malformed { .. }), "{e}");
+        let e = decode_command::<Cmd>("counter", br#"{"type":"Add","type":"Reset"}"#).unwrap_err();
         assert!(matches!(e, Error::Malformed { .. }), "{e}");
     }
 
