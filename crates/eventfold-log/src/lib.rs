@@ -16,7 +16,7 @@ pub mod conformance;
 pub mod embedded;
 /// The Kafka backend: one Kafka transaction per group of commit units.
 pub mod kafka;
-pub mod priority;
+pub use eventfold_store::priority;
 pub mod testing;
 
 use async_trait::async_trait;

@@ -9,10 +9,12 @@
 //! checked after every read; a mismatch is [`Error::Corrupt`], naming table and key.
 
 mod codec;
+pub mod priority;
 mod store;
 pub mod view;
 
 pub use codec::{decode_record, encode_record};
+pub use store::DEFAULT_BACKGROUND_NICE;
 pub use store::{Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table};
 pub use view::{Hit, Page, RawEntry, Scan, ViewWrite, encode_prefix, encode_value, view_checkpoint_key};
 

@@ -70,6 +70,22 @@ pub struct StoreOptions {
     pub cache_bytes: u64,
     /// A temporary database (deleted when dropped); for tests and benchmarks.
     pub temporary: bool,
+    /// Nice value of the store's background threads (flushes, compactions; Linux): above
+    /// the request-handling threads, so that they take a core only when requests leave
+    /// one (see [`crate::priority`]). 0 leaves them at the process's. Process-wide: the
+    /// first store opened with a nonzero value sets it.
+    pub background_nice: i32,
+}
+
+/// The default [`StoreOptions::background_nice`].
+pub const DEFAULT_BACKGROUND_NICE: i32 = 10;
+
+/// The nice value of fjall's background threads, once a store set it (0: not yet).
+static BACKGROUND_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Runs first on each of fjall's background threads.
+fn background_thread_started() {
+    crate::priority::apply(BACKGROUND_NICE.load(Ordering::Relaxed));
 }
 
 impl Default for StoreOptions {
@@ -77,6 +93,7 @@ impl Default for StoreOptions {
         Self {
             cache_bytes: 256 << 20,
             temporary: false,
+            background_nice: DEFAULT_BACKGROUND_NICE,
         }
     }
 }
@@ -581,6 +598,13 @@ impl Store {
             compacted_at: AtomicI64::new(i64::MIN),
         });
         let factory: Arc<dyn filter::Factory> = Arc::new(DedupFilterFactory(expiry.clone()));
+        if options.background_nice != 0
+            && BACKGROUND_NICE
+                .compare_exchange(0, options.background_nice, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            fjall::set_background_thread_start(background_thread_started);
+        }
         let db = Database::builder(path)
             .cache_size(options.cache_bytes)
             .manual_journal_persist(true)

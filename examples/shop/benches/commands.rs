@@ -2,7 +2,7 @@
 //! fsync on, driven by N concurrent submitters without HTTP. Prints the median of runs.
 //!
 //! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]
-//! [--fsync 1] [--committer-nice -10] [--huge-pages 0]`
+//! [--fsync 1] [--committer-nice -10] [--background-nice 10] [--huge-pages 0]`
 
 use eventfold::log::embedded::{EmbeddedLog, Options};
 use eventfold::log::priority::Applied;
@@ -25,14 +25,25 @@ fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-async fn run_once(concurrency: u64, seconds: u64, fsync: bool, committer_nice: i32) -> (f64, Vec<u64>) {
+/// Thread priorities of a run: the log's committer, the store's background threads.
+#[derive(Clone, Copy)]
+struct Nice {
+    committer: i32,
+    background: i32,
+}
+
+async fn run_once(concurrency: u64, seconds: u64, fsync: bool, nice: Nice) -> (f64, Vec<u64>) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let store_options = StoreOptions {
+        background_nice: nice.background,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(dir.path(), &store_options).unwrap();
     let log = EmbeddedLog::open(
         store,
         Options {
             fsync,
-            committer_nice,
+            committer_nice: nice.committer,
             ..Default::default()
         },
     )
@@ -106,8 +117,12 @@ fn main() {
     let seconds = arg("--seconds", 5);
     let runs = arg("--runs", 3);
     let fsync = arg("--fsync", 1u64) == 1;
-    // The committer thread's nice value (0: as the process); the shop's default otherwise.
-    let committer_nice = arg("--committer-nice", eventfold::log::embedded::DEFAULT_COMMITTER_NICE);
+    // Nice values (0: as the process); the shop's defaults otherwise. The background one is
+    // process-wide: the first run's value holds for all runs.
+    let nice = Nice {
+        committer: arg("--committer-nice", eventfold::log::embedded::DEFAULT_COMMITTER_NICE),
+        background: arg("--background-nice", eventfold::store::DEFAULT_BACKGROUND_NICE),
+    };
     // As the shop binary does; `--huge-pages 1` keeps them, to compare.
     let huge_pages = arg("--huge-pages", 0u64) == 1;
     if !huge_pages {
@@ -118,11 +133,13 @@ fn main() {
         .build()
         .unwrap();
     eprintln!(
-        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {committer_nice}, huge pages {huge_pages}, {} cores",
+        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {}, background nice {}, huge pages {huge_pages}, {} cores",
+        nice.committer,
+        nice.background,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let mut results: Vec<(f64, Vec<u64>)> = (0..runs)
-        .map(|_| rt.block_on(run_once(concurrency, seconds, fsync, committer_nice)))
+        .map(|_| rt.block_on(run_once(concurrency, seconds, fsync, nice)))
         .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (tput, pcts) = &results[results.len() / 2];

@@ -72,6 +72,11 @@ pub struct ServeOptions {
     /// logs that and runs at normal priority.
     #[arg(long, env = "EVENTFOLD_COMMITTER_NICE", default_value_t = embedded::DEFAULT_COMMITTER_NICE, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
     pub committer_nice: i32,
+    /// Nice value of the store's background threads (flushes, compactions; Linux), so
+    /// that they take a core only when request handling leaves one; 0 leaves them at the
+    /// process's. Lowering a priority needs no privilege.
+    #[arg(long, env = "EVENTFOLD_BACKGROUND_NICE", default_value_t = eventfold::store::DEFAULT_BACKGROUND_NICE, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub background_nice: i32,
     /// Kafka mode: transactional producers committing in parallel (transactional ids
     /// `<app-id>-<instance-id>-<k>`; partition p commits through producer p mod N). Keep
     /// it constant across restarts of an instance.
@@ -160,6 +165,7 @@ pub async fn rebuild_view(opts: &ServeOptions, name: &str) -> anyhow::Result<Reb
     // only take memory (first touched, so zeroed by the kernel: time) and evict.
     let store_options = StoreOptions {
         cache_bytes: 32 << 20,
+        background_nice: opts.background_nice,
         ..StoreOptions::default()
     };
     let store = Store::open(&dir, &store_options).with_context(|| {
@@ -242,8 +248,12 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
     }
     let dir = opts.data_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
-    let store = Store::open(&dir, &StoreOptions::default())
-        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let store_options = StoreOptions {
+        background_nice: opts.background_nice,
+        ..StoreOptions::default()
+    };
+    let store =
+        Store::open(&dir, &store_options).with_context(|| format!("cannot open the store in {}", dir.display()))?;
     let log = open_log(opts, store, false)?;
     let options = RuntimeOptions {
         app_id: opts.app_id.clone(),

@@ -171,6 +171,24 @@ pub use tx::optimistic::{
 #[doc(hidden)]
 pub use lsm_tree::{AbstractTree, AnyTree, Error as LsmError, TreeType};
 
+/// eventfold patch: a function run first on every background thread fjall and its LSM
+/// tree start (flush and compaction workers, spare-journal writers, the garbage thread),
+/// e.g. to lower their scheduling priority. Process-wide; the first call wins and
+/// returns `true`.
+pub fn set_background_thread_start(f: fn()) -> bool {
+    let lsm = lsm_tree::set_background_thread_start(f);
+    BACKGROUND_THREAD_START.set(f).is_ok() && lsm
+}
+
+static BACKGROUND_THREAD_START: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Runs the hook of [`set_background_thread_start`], if any.
+pub(crate) fn background_thread_started() {
+    if let Some(f) = BACKGROUND_THREAD_START.get() {
+        f();
+    }
+}
+
 pub use lsm_tree::{
     CompressionType, KvPair, KvSeparationOptions, SeqNo, Slice, UserKey, UserValue,
 };

@@ -97,6 +97,7 @@ impl WorkerPool {
                         // returns an error or unwinds would keep the database
                         // closing forever.
                         let _counter_guard = ActiveThreadGuard(thread_counter);
+                        crate::background_thread_started();
 
                         loop {
                             match worker_tick(&worker_state) {

@@ -194,6 +194,23 @@ pub use {
 #[cfg(feature = "metrics")]
 pub use metrics::Metrics;
 
+/// eventfold patch: a function run first on every background thread the crate starts
+/// (the `lsm-garbage` thread), e.g. to lower its scheduling priority. Process-wide; the
+/// first call wins and returns `true`.
+pub fn set_background_thread_start(f: fn()) -> bool {
+    BACKGROUND_THREAD_START.set(f).is_ok()
+}
+
+static BACKGROUND_THREAD_START: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Runs the hook of [`set_background_thread_start`], if any.
+#[doc(hidden)]
+pub fn background_thread_started() {
+    if let Some(f) = BACKGROUND_THREAD_START.get() {
+        f();
+    }
+}
+
 #[doc(hidden)]
 #[must_use]
 #[allow(missing_docs, clippy::missing_errors_doc, clippy::unwrap_used)]

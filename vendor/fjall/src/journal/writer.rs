@@ -70,6 +70,7 @@ pub(crate) mod spare {
         let spawned = std::thread::Builder::new()
             .name("fjall:spare-journal".into())
             .spawn(move || {
+                crate::background_thread_started();
                 if let Err(e) = write(&folder, id) {
                     log::warn!("could not prepare spare journal {id} in {}: {e:?}", folder.display());
                 }

@@ -68,6 +68,7 @@ fn dispose(garbage: Garbage) {
         std::thread::Builder::new()
             .name("lsm-garbage".into())
             .spawn(move || {
+                crate::background_thread_started();
                 for garbage in rx {
                     run(garbage);
                 }

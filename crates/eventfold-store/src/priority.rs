@@ -1,6 +1,12 @@
-//! Scheduling priority of the committer threads.
+//! Scheduling priority of eventfold's own threads.
 //!
-//! A committer is the one thread every commit of its log passes through; whenever it waits
+//! **Background threads** (the store's flushes and compactions, see
+//! [`crate::StoreOptions::background_nice`]) run at a lower priority: their work can wait
+//! a few milliseconds, a request cannot. Lowering a priority is always permitted. Measured
+//! on the project's 2-core VM, 3 alternated pairs of 10 s at 64 HTTP clients: p99
+//! 7.6-8.4 ms against 8.6-9.8 ms at nice 0, and 3-10% more commands/s.
+//!
+//! **Committer threads** run at a higher one. A committer is the one thread every commit of its log passes through; whenever it waits
 //! for a core, every writer waits with it. On a machine whose cores are busy with request
 //! handling (the tokio workers) and background flushes, the kernel's fair scheduler lets it
 //! wait its turn after each fsync: measured on the project's 2-core VM, the embedded
@@ -52,8 +58,8 @@ pub fn apply(nice: i32) -> Applied {
     }
 }
 
-/// Logs what [`apply`] did for thread `thread`.
-pub(crate) fn log(thread: &str, applied: Applied) {
+/// Logs what [`apply`] did for the committer thread `thread`.
+pub fn log(thread: &str, applied: Applied) {
     match applied {
         Applied::Set(n) => tracing::info!(thread, nice = n, "committer thread priority raised"),
         Applied::Unchanged => {}
