@@ -1,25 +1,13 @@
 //! The embedded committer thread's scheduling priority (`Options::committer_nice`), read
-//! back from the kernel (`/proc/self/task/*/stat`). Alone in its test binary, so the only
+//! back from the kernel (`priority::thread_nice_values`). Alone in its test binary, so the only
 //! committer threads are this test's.
 
 use eventfold_log::embedded::{COMMITTER_THREAD, EmbeddedLog, Options};
 use eventfold_log::priority::Applied;
 use eventfold_store::{Store, StoreOptions};
 
-/// The nice values of this process's committer threads, sorted.
 fn committer_nices() -> Vec<i32> {
-    let comm = &COMMITTER_THREAD[..15];
-    let mut nices = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap();
-        let (name, rest) = stat.split_once(" (").unwrap().1.rsplit_once(") ").unwrap();
-        if name == comm {
-            // After the name: state is field 3 of stat(5), nice field 19.
-            nices.push(rest.split(' ').nth(19 - 3).unwrap().parse().unwrap());
-        }
-    }
-    nices.sort_unstable();
-    nices
+    eventfold_log::priority::thread_nice_values(COMMITTER_THREAD)
 }
 
 fn open(dir: &std::path::Path, committer_nice: i32) -> EmbeddedLog {

@@ -40,9 +40,9 @@ pub enum Table {
 /// its cores rewriting. Measured on the 2-core VM, one 40-second run each at 1,024
 /// in-process submitters: 86,221 and 80,736 commands/s with 4, 90,353 with 8, 94,563 and
 /// 91,379 with 16; two alternated pairs of 60 seconds, 79,292 / 80,127 with 8 against
-/// 75,699 / 75,143 with 4; no difference over HTTP at 64 clients in 60 seconds. 8 keeps clear of
-/// fjall's write stall (20 L0 tables) and halt (30) while one compaction runs. fjall keeps
-/// a table's compaction settings from its creation: stores created before keep 4.
+/// 75,699 / 75,143 with 4; no difference over HTTP at 64 clients in 60 seconds. 8 keeps
+/// clear of fjall's write stall (20 L0 tables) and halt (30) while one compaction runs.
+/// fjall keeps a table's compaction settings from its creation: older stores keep 4.
 pub const L0_COMPACTION_TRIGGER: u8 = 8;
 
 impl Table {
@@ -93,9 +93,9 @@ pub struct StoreOptions {
     pub cache_bytes: u64,
     /// A temporary database (deleted when dropped); for tests and benchmarks.
     pub temporary: bool,
-    /// Nice value of the store's background threads (flushes, compactions; Linux): above
-    /// the request-handling threads, so that they take a core only when requests leave
-    /// one (see [`crate::priority`]). 0 leaves them at the process's. Process-wide: the
+    /// Nice value of the store's background threads (flushes, compactions; Linux): a
+    /// lower priority than the request-handling threads', so that they take a core only
+    /// when requests leave one (see [`crate::priority`]). 0 leaves them at the process's. Process-wide: the
     /// first store opened with a nonzero value sets it.
     pub background_nice: i32,
 }
