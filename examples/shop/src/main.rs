@@ -91,6 +91,11 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,fjall=warn,lsm_tree=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // The service's log is best effort: with stderr closed (a supervisor that stopped
+        // reading it), tracing's own "unable to write" report would be an `eprintln!`,
+        // which panics on EPIPE, in whichever thread logged: a request handler's
+        // connection then closed without an answer.
+        .log_internal_errors(false)
         .init();
     if let Err(e) = eventfold::process::disable_transparent_huge_pages() {
         tracing::debug!(error = %e, "cannot turn transparent huge pages off; going on with them");
@@ -138,7 +143,11 @@ async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let runtime = shop.runtime.clone();
     tokio::spawn(async move {
         if runtime.wait_restored(std::time::Duration::from_secs(24 * 3600)).await {
-            eprintln!("shop: restored in {} ms", started.elapsed().as_millis());
+            let _ = writeln!(
+                std::io::stderr(),
+                "shop: restored in {} ms",
+                started.elapsed().as_millis()
+            );
         }
     });
     let shutdown = async {

@@ -113,3 +113,45 @@ fn kafka_client_settings_reach_librdkafka() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no.such.property"), "{stderr}");
 }
+
+/// A shop whose stderr is closed (its supervisor stopped reading) keeps serving: logging
+/// then fails, which must not panic the thread that logged (tracing's own report of the
+/// failure was an `eprintln!`, which panics on EPIPE: requests were cut off unanswered).
+#[test]
+fn a_closed_stderr_does_not_stop_the_service() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // Every request logs at trace level.
+    let mut child = common::Shop(
+        shop(&["--data-dir", d, "--http", "127.0.0.1:0"])
+            .env("EVENTFOLD_LOG", "trace")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stderr = BufReader::new(child.0.stderr.take().unwrap());
+    let url = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "shop exited before serving");
+        if let Some(rest) = line.strip_prefix("shop: serving ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let ready_by = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while common::get_status(&url, "/readyz") != 200 {
+        // Keep reading meanwhile: a full pipe would block the shop's logging.
+        let mut line = String::new();
+        let _ = stderr.read_line(&mut line);
+        assert!(std::time::Instant::now() < ready_by, "not ready within 60 s");
+    }
+    drop(stderr);
+    for i in 0..20 {
+        let body = r#"{"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"apple","qty":1,"price_cents":10}]}"#;
+        let (st, b) = post(&url, &format!("/v1/aggregates/order/o-{i}/commands"), body, "");
+        assert_eq!(st, 200, "command {i}: {b}");
+    }
+    assert!(child.0.try_wait().unwrap().is_none(), "the shop still runs");
+}

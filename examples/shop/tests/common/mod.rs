@@ -43,10 +43,10 @@ pub fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String
     let stderr = guard.0.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // Read to the end even once nobody listens: the shop's stderr stays open, as
+        // under a supervisor that keeps its log (`a_closed_stderr_...` tests the other).
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let mut lines = Vec::new();
