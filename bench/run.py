@@ -20,6 +20,10 @@ Scenarios (each records its parameters in the results):
             --baseline-shop OLD_BINARY, that shop rebuilds the same data too, runs
             alternated, for a before/after ratio.
 
+  --baseline-shop OLD_BINARY works for the embedded and kafka scenarios too: the old shop
+  is measured right after this build's in every run (system "baseline"), and the tables
+  give this build / baseline ratios.
+
 Outputs bench/results/: results.json (every figure and parameter), results.md (tables and
 ratios), throughput.png and latency.png.
 
@@ -28,6 +32,7 @@ Usage:
   bench/run.py --smoke              seconds per run, small N (what CI runs)
   bench/run.py --scenarios kafka --runs 5
   bench/run.py --scenarios rebuild --baseline-shop /tmp/shop-before
+  bench/run.py --scenarios embedded --no-peers --baseline-shop /tmp/shop-before
 """
 
 from __future__ import annotations
@@ -304,9 +309,9 @@ class Suite:
 
     # ---------------------------------------------------------------- services
 
-    def shop(self, name, data_dir, kafka=False, app="shop", partitions=8, extra=()):
+    def shop(self, name, data_dir, kafka=False, app="shop", partitions=8, extra=(), binary=None):
         port = free_port()
-        cmd = [str(self.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+        cmd = [str(binary or self.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
                "--partitions", str(partitions), *extra]
         if kafka:
             cmd += ["--kafka", self.bootstrap, "--app-id", app]
@@ -319,20 +324,22 @@ class Suite:
         params = {"concurrency": a.concurrency, "duration": a.duration, "warmup": a.warmup, "fsync": True,
                   "workload": "PlaceOrder on a fresh order per request (eventfold load --preset shop-orders)",
                   "load_generator": "eventfold load (HTTP/1.1, keep-alive)"}
-        runs = {"eventfold": [], "cqrs-es": []}
+        shops = self.shops(params)
+        runs = {**{name: [] for name in shops}, "cqrs-es": []}
         for i in range(a.runs):
-            log(f"embedded run {i + 1}/{a.runs}: eventfold")
-            svc, url = self.shop(f"shop-embedded-{i}", self.work / f"embedded-{i}")
-            with svc as p:
-                p.wait_http(url + "/readyz", 60)
-                self.warm_up(url=url)
-                cpu = process_cpu_s(p.proc.pid)
-                r = self.http_load(url, a.duration, a.concurrency)
-                # What a change to the command path should lower. At this concurrency
-                # the cores are saturated, so it moves with throughput between runs.
-                r["service_cpu_us_per_request"] = (process_cpu_s(p.proc.pid) - cpu) * 1e6 / max(r["requests"], 1)
-                runs["eventfold"].append(r)
-            shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)
+            for name, binary in shops.items():
+                log(f"embedded run {i + 1}/{a.runs}: {name}")
+                svc, url = self.shop(f"{name}-embedded-{i}", self.work / f"embedded-{i}", binary=binary)
+                with svc as p:
+                    p.wait_http(url + "/readyz", 60)
+                    self.warm_up(url=url)
+                    cpu = process_cpu_s(p.proc.pid)
+                    r = self.http_load(url, a.duration, a.concurrency)
+                    # What a change to the command path should lower. At this concurrency
+                    # the cores are saturated, so it moves with throughput between runs.
+                    r["service_cpu_us_per_request"] = (process_cpu_s(p.proc.pid) - cpu) * 1e6 / max(r["requests"], 1)
+                    runs[name].append(r)
+                shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)
             if a.no_peers:
                 continue
             log(f"embedded run {i + 1}/{a.runs}: cqrs-es + PostgreSQL")
@@ -347,7 +354,16 @@ class Suite:
                 p.wait_http(url + "/healthz", 60)
                 self.warm_up(url=url)
                 runs["cqrs-es"].append(self.http_load(url, a.duration, a.concurrency))
-        self.record("embedded", params, runs, pairs=[("eventfold", "cqrs-es")])
+        self.record("embedded", params, runs, pairs=[("eventfold", "cqrs-es"), ("eventfold", "baseline")])
+
+    def shops(self, params):
+        """The shop binaries a scenario measures, by system name: this build's, and with
+        --baseline-shop an older one, each run right after the other."""
+        shops = {"eventfold": None}
+        if self.args.baseline_shop:
+            shops["baseline"] = self.args.baseline_shop
+            params["baseline"] = str(self.args.baseline_shop)
+        return shops
 
     def scenario_kafka(self):
         a = self.args
@@ -358,8 +374,10 @@ class Suite:
                   "workload": "PlaceOrder on a fresh order per command",
                   "load_generator": "eventfold load-topic (results read_committed) / eventfold load (HTTP)",
                   "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}"}
-        runs = {k: [] for k in ("eventfold topic max", "kafka-streams topic max", "eventfold topic fixed-rate",
-                                "kafka-streams topic fixed-rate", "eventfold http max", "eventfold http fixed-rate")}
+        shops = self.shops(params)
+        loads = ("topic max", "topic fixed-rate", "http max", "http fixed-rate")
+        runs = {f"{name} {load}": [] for name in shops for load in loads}
+        runs.update({"kafka-streams topic max": [], "kafka-streams topic fixed-rate": []})
         if self.broker_started and not a.smoke:
             # A broker started a moment ago still compiles its hot paths (its JIT took
             # about half a core for the first minute of load, and 64 HTTP clients got
@@ -377,21 +395,22 @@ class Suite:
             shutil.rmtree(self.work / "kafka-warm", ignore_errors=True)
             self.drop_app(app)
         for i in range(a.runs):
-            app = f"efb{self.run_tag}r{i}"
-            log(f"kafka run {i + 1}/{a.runs}: eventfold (app {app})")
-            svc, url = self.shop(f"shop-kafka-{i}", self.work / f"kafka-{i}", kafka=True, app=app,
-                                 partitions=a.partitions)
-            with svc as p:
-                p.wait_http(url + "/readyz", 120)
-                self.warm_up(app=app)
-                runs["eventfold topic max"].append(self.topic_load(app, a.duration, in_flight=a.in_flight))
-                runs["eventfold topic fixed-rate"].append(self.topic_load(app, a.duration, rate=a.kafka_rate))
-                runs["eventfold http max"].append(self.http_load(url, a.duration, a.concurrency))
-                # Open loop needs enough connections to offer the rate at Kafka's
-                # latency (64 connections at ~50 ms cap it near 1,300/s).
-                runs["eventfold http fixed-rate"].append(
-                    self.http_load(url, a.duration, a.http_rate_concurrency, rate=a.kafka_rate))
-            self.drop_app(app)
+            for k, (name, binary) in enumerate(shops.items()):
+                app = f"efb{self.run_tag}r{i}s{k}"
+                log(f"kafka run {i + 1}/{a.runs}: {name} (app {app})")
+                svc, url = self.shop(f"{name}-kafka-{i}", self.work / f"kafka-{i}-{k}", kafka=True, app=app,
+                                     partitions=a.partitions, binary=binary)
+                with svc as p:
+                    p.wait_http(url + "/readyz", 120)
+                    self.warm_up(app=app)
+                    runs[f"{name} topic max"].append(self.topic_load(app, a.duration, in_flight=a.in_flight))
+                    runs[f"{name} topic fixed-rate"].append(self.topic_load(app, a.duration, rate=a.kafka_rate))
+                    runs[f"{name} http max"].append(self.http_load(url, a.duration, a.concurrency))
+                    # Open loop needs enough connections to offer the rate at Kafka's
+                    # latency (64 connections at ~50 ms cap it near 1,300/s).
+                    runs[f"{name} http fixed-rate"].append(
+                        self.http_load(url, a.duration, a.http_rate_concurrency, rate=a.kafka_rate))
+                self.drop_app(app)
             if a.no_peers:
                 continue
             ks_app = f"ksb{self.run_tag}r{i}"
@@ -406,8 +425,10 @@ class Suite:
                     self.topic_load(ks_app, a.duration, rate=a.kafka_rate))
             # Its own topics and group; Kafka Streams' internal `<app>-...` topics stay.
             self.drop_app(ks_app)
-        self.record("kafka", params, runs, pairs=[("eventfold topic max", "kafka-streams topic max"),
-                                                  ("eventfold topic fixed-rate", "kafka-streams topic fixed-rate")])
+        pairs = [("eventfold topic max", "kafka-streams topic max"),
+                 ("eventfold topic fixed-rate", "kafka-streams topic fixed-rate")]
+        pairs += [(f"eventfold {load}", f"baseline {load}") for load in loads]
+        self.record("kafka", params, runs, pairs=pairs)
 
     def scenario_restore(self):
         a = self.args
@@ -510,10 +531,7 @@ class Suite:
             self.http_load(url, None, 64, count=n - orders,
                            extra=[*ids, "--type", "order",
                                   "--body", '{"type":"AddItem","sku":"sku-2","qty":2,"price_cents":250}'])
-        binaries = {"eventfold rebuild": self.bin / "shop"}
-        if a.baseline_shop:
-            binaries["baseline rebuild"] = a.baseline_shop
-            params["baseline"] = str(a.baseline_shop)
+        binaries = {f"{name} rebuild": binary or self.bin / "shop" for name, binary in self.shops(params).items()}
         runs = {name: [] for name in binaries}
         for i in range(a.runs):
             for name, binary in binaries.items():
@@ -591,9 +609,11 @@ class Suite:
                 if m_ef.get("p99_ms"):
                     ratio["p99_latency"] = m_ef["p99_ms"] / m_peer["p99_ms"]
                 ratios.append(ratio)
+        # Each scenario names its machine: a run of some scenarios keeps the others' results,
+        # which may come from another machine (this project's VMs changed CPU between days).
         self.results["scenarios"][name] = {
             "run_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "params": params, "systems": systems, "ratios": ratios}
+            "machine": machine(), "params": params, "systems": systems, "ratios": ratios}
         self.write()
 
     def write(self):
@@ -653,14 +673,19 @@ def fmt(v, digits=1):
     return f"{v:,}"
 
 
+def describe(m: dict) -> str:
+    return f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}"
+
+
 def markdown(res: dict) -> str:
     m = res["machine"]
     out = [f"# eventfold benchmark results ({res['mode']})", "",
-           f"Run {res['started_at']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
+           f"Last run {res['started_at']} on {describe(m)} (each scenario names its own machine); "
            f"{res['runs']} runs per system, alternated; figures are medians over runs; "
            f"build profile {res['build_profile']}.", ""]
     for name, sc in res["scenarios"].items():
-        out += [f"## {name}", "", f"Run at {sc.get('run_at', res['started_at'])}.", "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in sc["params"].items()), ""]
+        where = f" on {describe(sc['machine'])}" if "machine" in sc else ""
+        out += [f"## {name}", "", f"Run at {sc.get('run_at', res['started_at'])}{where}.", "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in sc["params"].items()), ""]
         if name == "restore":
             out += ["| case | ready (s), median | runs |", "|---|---:|---|"]
             for system, s in sc["systems"].items():
@@ -689,7 +714,7 @@ def markdown(res: dict) -> str:
                 out += ["", "Service CPU per request (process user + system CPU over the measured run / its requests; "
                         "median over runs): " + ", ".join(f"{system} {fmt(v, 1)} µs" for system, v in cpu.items())]
         if sc["ratios"]:
-            out += ["", "| eventfold / peer | throughput ratio | p99 latency ratio |", "|---|---:|---:|"]
+            out += ["", "| eventfold / compared with | throughput ratio | p99 latency ratio |", "|---|---:|---:|"]
             for r in sc["ratios"]:
                 out.append(f"| {r['eventfold']} / {r['peer']} | {fmt(r.get('throughput'), 2)}x | "
                            f"{fmt(r.get('p99_latency'), 2)}x |")
@@ -775,7 +800,9 @@ def main():
     ap.add_argument("--views-n", type=int, help="orders written before the view queries (default 100000; smoke 500)")
     ap.add_argument("--rebuild-n", type=int, help="order events the rebuild scenario rebuilds (default 1000000; smoke 2000)")
     ap.add_argument("--baseline-shop", type=Path,
-                    help="rebuild scenario: an older shop binary to compare with (build it from a worktree of that commit)")
+                    help="embedded, kafka and rebuild scenarios: an older shop binary measured too, right after this "
+                         "build's in every run, for before/after ratios (build it from a worktree of that commit, "
+                         "with its own CARGO_TARGET_DIR)")
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
@@ -807,6 +834,8 @@ def main():
     try:
         if not a.no_build:
             suite.build(scenarios)
+        if a.baseline_shop and not os.access(a.baseline_shop, os.X_OK):
+            die(f"--baseline-shop {a.baseline_shop}: not an executable file")
         for s in scenarios:
             getattr(suite, f"scenario_{s}")()
     except subprocess.CalledProcessError as e:

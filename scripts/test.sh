@@ -57,6 +57,6 @@ if ! python3 -c 'import matplotlib' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
 fi
 step "benchmark suite, smoke mode (bench/run.py --smoke)"
-python3 bench/run.py --smoke --debug-build
+python3 bench/run.py --smoke --debug-build --baseline-shop "${CARGO_TARGET_DIR:-target}/debug/shop"
 
 step "all checks passed in $(( $(date +%s) - started )) s"
