@@ -9,7 +9,7 @@
 #   pg.sh reset    stop and delete the whole cluster directory
 #   pg.sh url      print the database URL the peer should use
 #
-# Environment: EF_PG_DIR (default /tmp/eventfold-bench-pg), EF_PG_PORT (default 55432),
+# Environment: EF_PG_DIR (default /tmp/eventfold-bench-pg), EF_PG_PORT (default 25432),
 # EF_PG_USER (unprivileged OS user that runs the server, default efbench; created with
 # `useradd --system` when missing), EF_PG_BIN (directory holding initdb/pg_ctl/postgres,
 # default: found on PATH, else /usr/lib/postgresql/15/bin).
@@ -20,7 +20,7 @@
 set -euo pipefail
 
 DIR=${EF_PG_DIR:-/tmp/eventfold-bench-pg}
-PORT=${EF_PG_PORT:-55432}
+PORT=${EF_PG_PORT:-25432}
 OS_USER=${EF_PG_USER:-efbench}
 DATA="$DIR/data"
 LOG="$DIR/postgres.log"

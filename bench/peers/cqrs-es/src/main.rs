@@ -15,7 +15,7 @@ Usage: cqrs-peer [OPTIONS]
 Options:
   --listen ADDR          address to serve HTTP on [default: 127.0.0.1:8090]
   --database-url URL     PostgreSQL holding the postgres-es schema (see pg.sh)
-                         [default: postgres://postgres@127.0.0.1:55432/cqrs]
+                         [default: postgres://postgres@127.0.0.1:25432/cqrs]
   --pool-size N          sqlx connections to PostgreSQL, opened at start [default: 32]
   --max-body-bytes B     larger command bodies get 413 [default: 65536]
   -h, --help             print this help
@@ -31,7 +31,7 @@ struct Options {
 fn parse_args() -> Result<Option<Options>, String> {
     let mut opts = Options {
         listen: "127.0.0.1:8090".parse().expect("valid default address"),
-        database_url: "postgres://postgres@127.0.0.1:55432/cqrs".to_owned(),
+        database_url: "postgres://postgres@127.0.0.1:25432/cqrs".to_owned(),
         pool_size: 32,
         max_body_bytes: 65536,
     };
