@@ -240,10 +240,8 @@ class Suite:
         if self.pg_started:
             return
         # The port may be held by something else (another cluster, a PostgreSQL left
-        # running, or the local end of a connection): this run's own cluster then listens
-        # on a free one. Checked by binding, not connecting: the default used to be 55432,
-        # inside Linux's ephemeral range (32768-60999), and a Kafka client's connection
-        # to the broker held it once, which only a bind notices (CI failed so).
+        # running, or the local end of an outgoing connection, which a connect would not
+        # notice): this run's own cluster then listens on a free one.
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", self.args.pg_port))
@@ -813,8 +811,9 @@ def main():
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
-    ap.add_argument("--pg-port", type=int, default=25432, help="PostgreSQL port for the cqrs-es peer (default 25432, outside the ephemeral port range; a free "
-                         "one if taken)")
+    ap.add_argument("--pg-port", type=int, default=25432,
+                    help="PostgreSQL port for the cqrs-es peer (default 25432, outside Linux's ephemeral port range; "
+                         "a free one if taken)")
     ap.add_argument("--no-peers", action="store_true", help="eventfold only")
     ap.add_argument("--debug-build", action="store_true", help="use debug binaries (smoke in CI: already built)")
     ap.add_argument("--no-build", action="store_true", help="do not build (binaries must exist)")
