@@ -27,7 +27,7 @@ const HEAD_BYTES: usize = HEAD_WORDS * 8;
 /// two thirds of its committer thread's time in the search. Here a comparison reads the
 /// head words in the node; only keys longer than the head whose heads are equal compare
 /// the whole keys. The order is exactly [`InternalKey`]'s (user key ascending, then seqno
-/// descending), so lookups by `InternalKey` (through `Borrow`) find the same entries.
+/// descending); reads search with `MemKey`s too.
 #[doc(hidden)]
 #[derive(Clone)]
 pub struct MemKey {
@@ -48,12 +48,6 @@ impl MemKey {
             *w = u64::from_be_bytes(chunk.try_into().unwrap_or_default());
         }
         Self { head, key }
-    }
-}
-
-impl std::borrow::Borrow<InternalKey> for MemKey {
-    fn borrow(&self) -> &InternalKey {
-        &self.key
     }
 }
 
@@ -100,7 +94,7 @@ pub struct Memtable {
     /// The actual content, stored in a lock-free skiplist.
     ///
     /// eventfold patch: keyed by [`MemKey`], which holds the first bytes of the key in the
-    /// node, so that comparing keys on insert rarely reads the key's heap allocation.
+    /// node, so that comparing keys rarely reads the key's heap allocation.
     #[doc(hidden)]
     pub items: SkipMap<MemKey, UserValue>,
 
@@ -199,7 +193,7 @@ impl Memtable {
 
         let mut iter = self
             .items
-            .range::<MemKey, _>(lower_bound..)
+            .range(lower_bound..)
             .take_while(|entry| &*entry.key().key.user_key == key);
 
         iter.next().map(|entry| InternalValue {
