@@ -621,10 +621,20 @@ impl Committer {
         }
         let t3 = Instant::now();
         let faults = &self.shared.options.faults.commit_timeouts;
-        let timeout = match faults.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) {
-            Ok(_) => Duration::ZERO,
-            Err(_) => timeout,
-        };
+        if faults
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            // An injected timeout: the commit is started with no time to finish, and
+            // fails as a real timeout does, whatever librdkafka answered (with a zero
+            // timeout it still reports success now and then, which made the fault, and
+            // the tests relying on it, flaky). The outcome is unknown either way.
+            let answered = producer.commit_transaction(Duration::ZERO);
+            return Err(TxError::Other(
+                "commit_transaction",
+                format!("injected timeout (librdkafka answered {answered:?})"),
+            ));
+        }
         producer
             .commit_transaction(timeout)
             .map_err(|e| TxError::Kafka("commit_transaction", e))?;

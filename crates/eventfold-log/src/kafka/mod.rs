@@ -166,8 +166,9 @@ pub struct KafkaOptions {
 #[doc(hidden)]
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
-    /// While positive, each transaction's `commit_transaction` gets a zero timeout (a
-    /// real librdkafka timeout, the outcome left unknown) and the count drops by one.
+    /// While positive, each transaction's `commit_transaction` gets a zero timeout and
+    /// fails as a timed-out commit (the outcome left unknown, even when librdkafka managed
+    /// to answer in time), and the count drops by one.
     pub commit_timeouts: Arc<AtomicU64>,
 }
 
