@@ -290,6 +290,15 @@ pub trait Log: Send + Sync + 'static {
             .copied()
             .ok_or_else(|| Error::Closed("no offset assigned".into()))
     }
+    /// Checks, before a service starts, that `topics` can hold what it keeps in them: a
+    /// backend with a broker creates the missing ones and refuses (with `Config`, naming
+    /// the topic and the setting) those with another partition count or a cleanup or
+    /// retention policy that would lose data. Blocking (call it off the async threads).
+    /// Backends with nothing to provision (embedded) accept every topic.
+    fn provision(&self, topics: &[Arc<str>]) -> Result<()> {
+        let _ = topics;
+        Ok(())
+    }
     /// Joins consumer group `group` as a member reading `topics` (all with the app's
     /// partition count): the group assigns each partition to one member at a time, and
     /// the [`Membership`] reports assignments, revocations and the assigned partitions'

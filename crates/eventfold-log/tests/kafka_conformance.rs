@@ -202,6 +202,63 @@ async fn a_topic_with_another_partition_count_is_refused() {
     assert_eq!(four.read(&other, 0, 0, 10).await.unwrap().len(), 1);
 }
 
+/// Topics created beforehand with policies that would lose data (an events topic with a
+/// finite retention, a state topic that deletes instead of compacting) are refused with a
+/// configuration error naming the topic and the config; the other topics keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_whose_policy_would_lose_data_is_refused() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let bootstrap = require_broker();
+    let prefix = format!("policy-{}", uuid::Uuid::now_v7().simple());
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let events = format!("{prefix}.order.events");
+    let state = format!("{prefix}.order.state");
+    let created = admin
+        .create_topics(
+            [
+                &NewTopic::new(&events, 2, TopicReplication::Fixed(1)).set("retention.ms", "604800000"),
+                &NewTopic::new(&state, 2, TopicReplication::Fixed(1)).set("cleanup.policy", "delete"),
+            ],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    let unit = |topic: &str| CommitUnit {
+        appends: vec![Append {
+            topic: Arc::from(topic),
+            partition: 0,
+            record: Default::default(),
+            entity: None,
+        }],
+        ..Default::default()
+    };
+    for (topic, names) in [
+        (&events, ["retention.ms=604800000", "retention.ms=-1"]),
+        (&state, ["cleanup.policy=delete", "cleanup.policy=compact"]),
+    ] {
+        let e = log.commit(unit(topic)).await.unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Config(_)), "a configuration error, got {msg}");
+        for part in [topic.as_str(), names[0], names[1]] {
+            assert!(msg.contains(part), "`{msg}` names {part:?}");
+        }
+        let e = log.end_offset(topic, 0).await.unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "reads are refused too: {e}");
+    }
+    let results = format!("{prefix}.order.results");
+    log.commit(unit(&results)).await.expect("other topics keep working");
+    assert_eq!(log.read(&results, 0, 0, 10).await.unwrap().len(), 1);
+}
+
 /// Opens a log with `options` on a new store directory under `dir`.
 async fn open_log(options: KafkaOptions, dir: &tempfile::TempDir, name: &str) -> KafkaLog {
     let path = dir.path().join(name);

@@ -183,6 +183,18 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Every topic of the aggregates registered so far (`<app>.<type>.{commands, events,
+    /// state, results}`), for [`Log::provision`] before [`RuntimeBuilder::build`].
+    pub fn topics(&self) -> Vec<Arc<str>> {
+        self.starters
+            .iter()
+            .flat_map(|(name, _)| {
+                let t = Topics::new(&self.options.app_id, name);
+                [t.commands, t.events, t.state, t.results]
+            })
+            .collect()
+    }
+
     /// Starts every processor on the current tokio runtime.
     ///
     /// In Kafka mode (a log whose store is a cache) the instance joins the consumer group

@@ -288,12 +288,17 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
         let r = r.clone();
         builder = builder.on_ownership(Arc::new(move |owned| r.set_owned(owned)));
     }
-    let runtime = builder
+    let builder = builder
         .aggregate::<Order>(())
         .aggregate::<Payment>(PaymentConfig {
             decline_above_cents: opts.decline_above_cents,
         })
-        .aggregate::<Customer>(())
+        .aggregate::<Customer>(());
+    // Kafka mode: every topic is created or checked now, so that one with another
+    // partition count or a policy that would lose data stops the start, with the reason.
+    let topics = builder.topics();
+    tokio::task::block_in_place(|| log.provision(&topics)).context("the app's Kafka topics cannot be used")?;
+    let runtime = builder
         .view::<OrdersView>()
         .view::<CustomersView>()
         .view_options(ViewOptions {

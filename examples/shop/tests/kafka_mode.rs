@@ -499,3 +499,84 @@ fn two_instances_answer_every_view_query_alike() {
     }
     check_orders_view(&[&url_a, &url_b], &ids);
 }
+
+/// Topics created beforehand that cannot hold what eventfold keeps in them (an events
+/// topic with a finite retention, a state topic that deletes, a commands topic with
+/// another partition count) stop the start: the shop exits with an error naming each of
+/// them and the setting to change, before it serves anything.
+#[test]
+fn topics_that_would_lose_data_stop_the_start() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let (bootstrap, app) = setup("kp");
+    let (events, state, commands) = (
+        format!("{app}.order.events"),
+        format!("{app}.payment.state"),
+        format!("{app}.customer.commands"),
+    );
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let created = rt
+        .block_on(admin.create_topics(
+            [
+                &NewTopic::new(&events, 8, TopicReplication::Fixed(1)).set("retention.ms", "604800000"),
+                &NewTopic::new(&state, 8, TopicReplication::Fixed(1)).set("cleanup.policy", "delete"),
+                &NewTopic::new(&commands, 3, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+        ))
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--kafka",
+        bootstrap.as_str(),
+        "--app-id",
+        app.as_str(),
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+    ];
+    let mut child = common::shop(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("shop runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "shop still ran after 60 s instead of refusing to start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the start is refused: {stderr}");
+    for part in [
+        events.as_str(),
+        "retention.ms=604800000",
+        "set retention.ms=-1",
+        state.as_str(),
+        "cleanup.policy=delete",
+        "set cleanup.policy=compact",
+        commands.as_str(),
+        "has 3 partitions but this log expects 8",
+    ] {
+        assert!(stderr.contains(part), "stderr names {part:?}: {stderr}");
+    }
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("curl"),
+        "nothing was served"
+    );
+}

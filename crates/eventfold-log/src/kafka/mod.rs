@@ -652,6 +652,23 @@ impl Log for KafkaLog {
         self.shared.clients.follow(topic, starts)
     }
 
+    fn provision(&self, topics: &[Arc<str>]) -> Result<()> {
+        // Every topic is checked, and every refusal reported at once: a misconfigured app
+        // is fixed in one go.
+        let mut refused = Vec::new();
+        for t in topics {
+            match self.shared.provisioner.ensure(t) {
+                Ok(()) => {}
+                Err(Error::Config(why)) => refused.push(why),
+                Err(e) => return Err(e),
+            }
+        }
+        if refused.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Config(refused.join("\n")))
+    }
+
     fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
         self.refuse_writes("consumer group membership")?;
         for t in topics {

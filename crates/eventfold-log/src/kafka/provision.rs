@@ -1,9 +1,10 @@
 //! Topic provisioning: topics are created on first use with the app's partition count and
-//! the configs their suffix calls for; an existing topic with another count is refused.
+//! the configs their suffix calls for; an existing topic with another count, or with a
+//! cleanup or retention policy that would lose what eventfold keeps in it, is refused.
 
 use super::{KafkaOptions, TopicDefaults, block_on, clients::kafka_error};
 use crate::{Error, Result};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use std::collections::HashSet;
@@ -32,6 +33,50 @@ pub fn topic_config(topic: &str, defaults: &TopicDefaults) -> Vec<(&'static str,
     } else {
         Vec::new()
     }
+}
+
+/// Why an existing topic's configs would lose what eventfold keeps in it (empty: they do
+/// not). `config` gives a config's value (`None`: not set). Checked by suffix:
+/// - events (the source of truth): `cleanup.policy=delete` with `retention.ms=-1` and
+///   `retention.bytes=-1` (compaction would drop an aggregate's older events, a finite
+///   retention all old ones);
+/// - state and `_instances`: `cleanup.policy=compact` only (with `delete` the latest state
+///   and the dedup outcomes would expire, and a restore would miss them);
+/// - commands: no `compact` (it would drop commands not processed yet).
+///
+/// Results may be configured freely: an outcome is read within seconds of its write.
+pub fn policy_problems(topic: &str, config: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let policies = |v: &str| -> Vec<String> { v.split(',').map(|p| p.trim().to_ascii_lowercase()).collect() };
+    let policy = config("cleanup.policy").unwrap_or_else(|| "delete".into());
+    let has = |p: &str| policies(&policy).iter().any(|x| x == p);
+    let mut problems = Vec::new();
+    if topic.ends_with(".events") {
+        if has("compact") {
+            problems.push(format!(
+                "cleanup.policy={policy}, but compaction would drop every event of an aggregate but its last (set cleanup.policy=delete)"
+            ));
+        }
+        for key in ["retention.ms", "retention.bytes"] {
+            let value = config(key);
+            if value.as_deref().map(str::trim) != Some("-1") {
+                problems.push(format!(
+                    "{key}={}, but the events topic is the source of truth and must keep every event (set {key}=-1)",
+                    value.as_deref().unwrap_or("<unset>")
+                ));
+            }
+        }
+    } else if topic.ends_with(".state") || topic.ends_with("._instances") {
+        if !has("compact") || has("delete") {
+            problems.push(format!(
+                "cleanup.policy={policy}, but this topic keeps the latest record per key for as long as it is current (set cleanup.policy=compact)"
+            ));
+        }
+    } else if topic.ends_with(".commands") && has("compact") {
+        problems.push(format!(
+            "cleanup.policy={policy}, but compaction would drop commands not processed yet (set cleanup.policy=delete)"
+        ));
+    }
+    problems
 }
 
 /// Kafka's rule for topic names: 1..=249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -108,8 +153,30 @@ impl Provisioner {
                 _ => std::thread::sleep(Duration::from_millis(20)),
             }
         }
+        self.check_policy(topic)?;
         self.verified.lock().expect("verified lock").insert(topic.to_owned());
         Ok(())
+    }
+
+    /// Refuses `topic` if its configs would lose what eventfold keeps in it
+    /// ([`policy_problems`]), naming each config and how to fix it.
+    fn check_policy(&self, topic: &str) -> Result<()> {
+        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
+        let described = block_on(self.admin.describe_configs([&ResourceSpecifier::Topic(topic)], &opts))
+            .map_err(|e| kafka_error(&format!("cannot describe the configs of topic `{topic}`"), e))?;
+        let resource = described
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Kafka(format!("no configs returned for topic `{topic}`")))?
+            .map_err(|e| Error::Kafka(format!("cannot describe the configs of topic `{topic}`: {e}")))?;
+        let problems = policy_problems(topic, |key| resource.get(key).and_then(|e| e.value.clone()));
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "topic `{topic}` is configured to lose data eventfold keeps in it: {}. Change it (e.g. `kafka-configs.sh --bootstrap-server ... --alter --entity-type topics --entity-name {topic} --add-config KEY=VALUE`) or use another app id",
+            problems.join("; ")
+        )))
     }
 
     /// The topic's partition and leader counts, `None` if it does not exist.
@@ -213,6 +280,57 @@ mod tests {
         );
         assert_eq!(get("shop._instances", "cleanup.policy").as_deref(), Some("compact"));
         assert!(topic_config("other", &d).is_empty());
+    }
+
+    #[test]
+    fn policies_that_lose_data_are_named() {
+        let d = TopicDefaults::default();
+        // The configs eventfold creates pass.
+        for t in ["a.o.events", "a.o.state", "a.o.commands", "a.o.results", "a._instances"] {
+            let created = topic_config(t, &d);
+            let get = |k: &str| created.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+            assert_eq!(policy_problems(t, get), Vec::<String>::new(), "{t}");
+        }
+        let with = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        };
+        let events = policy_problems(
+            "a.o.events",
+            with(&[("cleanup.policy", "compact,delete"), ("retention.ms", "604800000")]),
+        );
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(events[0].contains("cleanup.policy=compact,delete"), "{events:?}");
+        assert!(events[1].contains("retention.ms=604800000"), "{events:?}");
+        assert!(events[2].contains("retention.bytes=<unset>"), "{events:?}");
+        let losing: [&'static [(&'static str, &'static str)]; 3] = [
+            &[("cleanup.policy", "delete")],
+            &[("cleanup.policy", "compact,delete")],
+            &[("cleanup.policy", "Delete")],
+        ];
+        for pairs in losing {
+            let p = policy_problems("a.o.state", with(pairs));
+            assert!(
+                p.len() == 1 && p[0].contains("set cleanup.policy=compact"),
+                "{pairs:?}: {p:?}"
+            );
+            assert_eq!(policy_problems("a._instances", with(pairs)).len(), 1, "{pairs:?}");
+        }
+        assert_eq!(
+            policy_problems("a.o.state", with(&[("cleanup.policy", " COMPACT ")])).len(),
+            0
+        );
+        assert_eq!(
+            policy_problems("a.o.commands", with(&[("cleanup.policy", "compact")])).len(),
+            1
+        );
+        assert_eq!(
+            policy_problems("a.o.results", with(&[("cleanup.policy", "compact")])).len(),
+            0
+        );
+        assert_eq!(
+            policy_problems("other", with(&[("cleanup.policy", "compact")])).len(),
+            0
+        );
     }
 
     #[test]
