@@ -999,14 +999,22 @@ impl<A: Aggregate> Processor<A> {
                 }
             };
             if let Pending::Written { outcome, appends } = &outcome {
-                let json = codec::to_json(outcome);
+                // Serialized only for what stores or sends it: an unkeyed command answered
+                // in this process (the embedded log) needs none.
+                let json = std::cell::OnceCell::new();
+                let json = || json.get_or_init(|| codec::to_json(outcome));
                 if job.keyed {
-                    unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &json);
+                    unit.local.put_dedup(A::TYPE, p, &job.command_id, now, json());
                 }
                 if self.changelog {
                     if job.keyed {
-                        unit.appends
-                            .push(changelog::outcome_record(&topics.state, p, &job.command_id, &json, now));
+                        unit.appends.push(changelog::outcome_record(
+                            &topics.state,
+                            p,
+                            &job.command_id,
+                            json(),
+                            now,
+                        ));
                     }
                     match (reply_to, outcome) {
                         // A caller of this instance waits for it: nothing for the results topic.
@@ -1026,7 +1034,7 @@ impl<A: Aggregate> Processor<A> {
                                 &topics.results,
                                 results_partition,
                                 &job.command_id,
-                                &json,
+                                json(),
                                 now,
                             ));
                         }
