@@ -200,7 +200,9 @@ impl RuntimeBuilder {
     /// In Kafka mode (a log whose store is a cache) the instance joins the consumer group
     /// `app_id` for every commands topic: partitions start unowned and are restored when
     /// the group assigns them; commands for partitions owned elsewhere go to their owner
-    /// through the commands topic.
+    /// through the commands topic. Call [`Log::provision`] with [`RuntimeBuilder::topics`]
+    /// first to refuse, at start, topics that cannot hold what the runtime keeps in them
+    /// (the shop exits then); the runtime itself retries what fails later.
     pub fn build(self, log: Arc<dyn Log>) -> Runtime {
         let grouped = log.store_is_cache();
         let topics: Vec<(&'static str, Topics)> = self
