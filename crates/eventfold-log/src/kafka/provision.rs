@@ -164,11 +164,23 @@ impl Provisioner {
         let opts = AdminOptions::new().request_timeout(Some(self.timeout));
         let described = block_on(self.admin.describe_configs([&ResourceSpecifier::Topic(topic)], &opts))
             .map_err(|e| kafka_error(&format!("cannot describe the configs of topic `{topic}`"), e))?;
-        let resource = described
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Kafka(format!("no configs returned for topic `{topic}`")))?
-            .map_err(|e| Error::Kafka(format!("cannot describe the configs of topic `{topic}`: {e}")))?;
+        let resource = match described.into_iter().next() {
+            None => return Err(Error::Kafka(format!("no configs returned for topic `{topic}`"))),
+            // A principal allowed to use the topic but not to describe its configs: the
+            // policy goes unchecked rather than the app unable to start.
+            Some(Err(
+                code @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed),
+            )) => {
+                tracing::warn!(topic, %code, "cannot read the topic's configs: its cleanup and retention policy is not checked");
+                return Ok(());
+            }
+            Some(Err(e)) => {
+                return Err(Error::Kafka(format!(
+                    "cannot describe the configs of topic `{topic}`: {e}"
+                )));
+            }
+            Some(Ok(resource)) => resource,
+        };
         let problems = policy_problems(topic, |key| resource.get(key).and_then(|e| e.value.clone()));
         if problems.is_empty() {
             return Ok(());
