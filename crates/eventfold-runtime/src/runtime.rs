@@ -186,12 +186,17 @@ impl RuntimeBuilder {
     /// Every topic of the aggregates registered so far (`<app>.<type>.{commands, events,
     /// state, results}`), for [`Log::provision`] before [`RuntimeBuilder::build`].
     pub fn topics(&self) -> Vec<Arc<str>> {
+        self.topic_sets()
+            .into_iter()
+            .flat_map(|(_, t)| [t.commands, t.events, t.state, t.results])
+            .collect()
+    }
+
+    /// The topics of each registered aggregate type, in registration order.
+    fn topic_sets(&self) -> Vec<(&'static str, Topics)> {
         self.starters
             .iter()
-            .flat_map(|(name, _)| {
-                let t = Topics::new(&self.options.app_id, name);
-                [t.commands, t.events, t.state, t.results]
-            })
+            .map(|(name, _)| (*name, Topics::new(&self.options.app_id, name)))
             .collect()
     }
 
@@ -205,11 +210,7 @@ impl RuntimeBuilder {
     /// (the shop exits then); the runtime itself retries what fails later.
     pub fn build(self, log: Arc<dyn Log>) -> Runtime {
         let grouped = log.store_is_cache();
-        let topics: Vec<(&'static str, Topics)> = self
-            .starters
-            .iter()
-            .map(|(name, _)| (*name, Topics::new(&self.options.app_id, name)))
-            .collect();
+        let topics = self.topic_sets();
         let grouping = Grouping {
             grouped,
             member: Arc::new(OnceLock::new()),

@@ -46,9 +46,9 @@ pub fn topic_config(topic: &str, defaults: &TopicDefaults) -> Vec<(&'static str,
 ///
 /// Results may be configured freely: an outcome is read within seconds of its write.
 pub fn policy_problems(topic: &str, config: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let policies = |v: &str| -> Vec<String> { v.split(',').map(|p| p.trim().to_ascii_lowercase()).collect() };
     let policy = config("cleanup.policy").unwrap_or_else(|| "delete".into());
-    let has = |p: &str| policies(&policy).iter().any(|x| x == p);
+    let policies: Vec<String> = policy.split(',').map(|p| p.trim().to_ascii_lowercase()).collect();
+    let has = |p: &str| policies.iter().any(|x| x == p);
     let mut problems = Vec::new();
     if topic.ends_with(".events") {
         if has("compact") {
