@@ -30,7 +30,7 @@ pub mod headers {
     /// rejection on the results topic, whose `ef-version` header holds the actual version.
     pub const EXPECTED_VERSION: &str = "ef-expected-version";
 
-    /// Every name above.
+    /// Every name above. Stores keep a name's place here as its code: only ever append.
     pub const ALL: [&str; 10] = [
         TYPE,
         ID,
@@ -55,7 +55,13 @@ pub mod headers {
 
     /// The name above spelled `name`, if any (matched as bytes: no UTF-8 check needed).
     pub fn standard(name: &[u8]) -> Option<&'static str> {
-        ALL.iter().find(|n| n.as_bytes() == name).copied()
+        index(name).map(|i| ALL[i])
+    }
+
+    /// The place in [`ALL`] of the name above spelled `name`, if any: a stable code
+    /// (names are only ever added at the end).
+    pub fn index(name: &[u8]) -> Option<usize> {
+        ALL.iter().position(|n| n.as_bytes() == name)
     }
 }
 
@@ -114,6 +120,10 @@ pub struct RecordRef<'a> {
     headers: HeadersRef<'a>,
 }
 
+/// In the places [`RecordRef::encoded`] takes, a name start that means "the standard
+/// name `headers::ALL[length]`" (an encoding that stores names as codes).
+pub const STANDARD_NAME: u32 = u32::MAX;
+
 #[derive(Debug, Clone, Copy)]
 enum HeadersRef<'a> {
     Owned(&'a [(Cow<'static, str>, Vec<u8>)]),
@@ -126,9 +136,10 @@ enum HeadersRef<'a> {
 
 impl<'a> RecordRef<'a> {
     /// A record whose headers are encoded in `bytes`: header i has its name at
-    /// `bytes[at[i][0]..][..at[i][1]]` and its value at `bytes[at[i][2]..][..at[i][3]]`.
-    /// The ranges must lie in `bytes` and the names be UTF-8 (the backend checked them
-    /// when it parsed its encoding).
+    /// `bytes[at[i][0]..][..at[i][1]]`, or, when `at[i][0]` is [`STANDARD_NAME`], the name
+    /// `headers::ALL[at[i][1]]`; its value is at `bytes[at[i][2]..][..at[i][3]]`.
+    /// The ranges must lie in `bytes`, the indexes in `headers::ALL`, and the names be
+    /// UTF-8 (the backend checked them when it parsed its encoding).
     pub fn encoded(key: &'a [u8], value: &'a [u8], timestamp_ms: i64, bytes: &'a [u8], at: &'a [[u32; 4]]) -> Self {
         Self {
             key,
@@ -149,9 +160,13 @@ impl<'a> RecordRef<'a> {
                 }
             }
             HeadersRef::Encoded { bytes, at } => {
-                for [ks, kl, vs, vl] in at {
-                    let (ks, kl, vs, vl) = (*ks as usize, *kl as usize, *vs as usize, *vl as usize);
-                    if !f(&bytes[ks..ks + kl], &bytes[vs..vs + vl]) {
+                for &[ks, kl, vs, vl] in at {
+                    let name = if ks == STANDARD_NAME {
+                        headers::ALL[kl as usize].as_bytes()
+                    } else {
+                        &bytes[ks as usize..(ks + kl) as usize]
+                    };
+                    if !f(name, &bytes[vs as usize..(vs + vl) as usize]) {
                         return;
                     }
                 }

@@ -1,6 +1,6 @@
 //! The fjall-backed store: tables, typed reads and atomic batches.
 
-use crate::codec::{Reader, decode_record, encode_record, framed, slice_of, unframe};
+use crate::codec::{Reader, framed, framed_record, slice_of, unframe};
 use crate::{Error, Result};
 use eventfold_core::{Record, RecordRef};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Slice};
@@ -354,7 +354,7 @@ pub struct EncodedRecord(Slice);
 impl EncodedRecord {
     /// Encodes and frames `record`.
     pub fn new(record: &Record) -> Self {
-        Self(framed(&encode_record(record)))
+        Self(framed_record(record))
     }
 
     /// Size in bytes.
@@ -912,8 +912,7 @@ impl Store {
         let mut at = Vec::new();
         for kv in self.table(Table::Log).range(start..end).take(max) {
             let (k, v) = kv.into_inner()?;
-            let record = unframe(&v)
-                .and_then(|payload| crate::codec::decode_record_ref(payload, &mut at))
+            let record = crate::codec::decode_framed_record_ref(&v, &mut at)
                 .map_err(|e| corrupt_log(topic, partition, offset_of(&k), e))?;
             if !f(offset_of(&k), record) {
                 break;
@@ -1042,9 +1041,7 @@ fn offset_of(log_key: &[u8]) -> u64 {
 }
 
 fn decode_framed_record(topic: &str, partition: u32, offset: u64, v: &[u8]) -> Result<Record> {
-    unframe(v)
-        .and_then(decode_record)
-        .map_err(|e| corrupt_log(topic, partition, offset, e))
+    crate::codec::decode_framed_record(v).map_err(|e| corrupt_log(topic, partition, offset, e))
 }
 
 /// A corrupt log record, named by topic, partition and offset (its key holds a tag of the
@@ -1522,7 +1519,7 @@ mod tests {
     }
 
     #[test]
-    fn read_log_with_lends_the_stored_records_and_reports_corruption() {
+    fn read_log_with_lends_the_stored_records_of_either_format_and_reports_corruption() {
         let (_dir, s) = temp();
         let mut b = Batch::new();
         let records: Vec<Record> = (0..3)
@@ -1538,7 +1535,14 @@ mod tests {
             })
             .collect();
         for (i, r) in records.iter().enumerate() {
-            b.put_log("t", 0, i as u64, r);
+            if i == 1 {
+                // As releases before format v2 stored it: both formats are read.
+                let v1 = EncodedRecord(framed(&crate::codec::encode_record(r)));
+                assert_eq!(v1.0[4], crate::codec::FORMAT_V1);
+                b.put_log_encoded("t", 0, 1, v1);
+            } else {
+                b.put_log("t", 0, i as u64, r);
+            }
         }
         // A frame whose checksum holds but whose payload is not a record.
         b.put(
