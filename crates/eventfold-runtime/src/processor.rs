@@ -19,6 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+/// First byte of a dedup record that refers to its accepted command's events instead of
+/// holding the outcome's JSON (which starts with `{`): `0x01 | version u64 LE | events u32
+/// LE | aggregate id`, the events being the aggregate's last `events` up to `version`.
+/// Written where the store holds the events (no changelog); about 60 bytes instead of the
+/// 400 of a shop order's outcome, and no JSON to build.
+const EVENTS_BY_REFERENCE: u8 = 0x01;
+
 /// A decoded command waiting for its partition.
 pub(crate) struct Job<A: Aggregate> {
     pub aggregate_id: String,
@@ -813,6 +820,55 @@ impl<A: Aggregate> Processor<A> {
         Ok(Position::at(topic, self.cfg.partition, off).encode())
     }
 
+    /// The accepted outcome a dedup record of [`EVENTS_BY_REFERENCE`] stands for: its
+    /// events read back from the store, checked to be `command_id`'s.
+    fn referenced_outcome(&self, command_id: &str, reference: &[u8]) -> std::result::Result<Outcome, String> {
+        let corrupt = |reason: String| format!("corrupt record in table `dedup` for command {command_id:?}: {reason}");
+        let (Some((version, rest)), true) = (reference.split_at_checked(8), reference.len() >= 12) else {
+            return Err(corrupt(format!(
+                "reference of {} bytes is shorter than 12",
+                reference.len()
+            )));
+        };
+        let version = u64::from_le_bytes(version.try_into().expect("8 bytes"));
+        let count = u64::from(u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")));
+        let aggregate_id = std::str::from_utf8(&rest[4..])
+            .map_err(|_| corrupt("aggregate id is not UTF-8".to_owned()))?
+            .to_owned();
+        if count > version {
+            return Err(corrupt(format!("{count} events cannot end at version {version}")));
+        }
+        let topic = &self.cfg.topics.events;
+        let stored = if count == 0 {
+            Vec::new()
+        } else {
+            self.log
+                .store()
+                .entity_events(topic, aggregate_id.as_bytes(), version - count + 1, count as usize)
+                .map_err(|e| e.to_string())?
+        };
+        let mut events = Vec::with_capacity(stored.len());
+        for (e, expected) in stored.iter().zip(version - count + 1..) {
+            if e.version != expected || e.record.header(headers::COMMAND_ID) != Some(command_id.as_bytes()) {
+                break;
+            }
+            events.push(crate::service::event_view(topic, e).map_err(|e| e.to_string())?);
+        }
+        if events.len() as u64 != count {
+            return Err(corrupt(format!(
+                "it refers to versions {}..={version} of {aggregate_id:?}, but the store holds {} of them written by this command",
+                version - count + 1,
+                events.len()
+            )));
+        }
+        Ok(Outcome::Accepted(Accepted {
+            aggregate_id,
+            version,
+            events,
+            position: String::new(),
+        }))
+    }
+
     /// A stored outcome for `command_id`, if one is within the dedup window.
     fn stored_outcome(&self, command_id: &str, now: i64) -> std::result::Result<Option<Outcome>, String> {
         let Some(row) = self
@@ -826,9 +882,12 @@ impl<A: Aggregate> Processor<A> {
         if row.timestamp_ms < now - self.cfg.dedup_window_ms {
             return Ok(None);
         }
-        let mut outcome = serde_json::from_slice::<Outcome>(&row.outcome).map_err(|e| {
-            format!("corrupt record in table `dedup` for command {command_id:?}: outcome does not decode: {e}")
-        })?;
+        let mut outcome = match row.outcome.split_first() {
+            Some((&EVENTS_BY_REFERENCE, reference)) => self.referenced_outcome(command_id, reference)?,
+            _ => serde_json::from_slice::<Outcome>(&row.outcome).map_err(|e| {
+                format!("corrupt record in table `dedup` for command {command_id:?}: outcome does not decode: {e}")
+            })?,
+        };
         if let Outcome::Accepted(a) = &mut outcome {
             a.position = self
                 .position_of(&a.aggregate_id, a.version)
@@ -1004,7 +1063,19 @@ impl<A: Aggregate> Processor<A> {
                 let json = std::cell::OnceCell::new();
                 let json = || json.get_or_init(|| codec::to_json(outcome));
                 if job.keyed {
-                    unit.local.put_dedup(A::TYPE, p, &job.command_id, now, json());
+                    match outcome {
+                        // The events are in this store, written with it: refer to them.
+                        Outcome::Accepted(a) if !self.changelog => {
+                            let count = u32::try_from(a.events.len()).expect("under 2^32 events per command");
+                            let mut reference = Vec::with_capacity(13 + a.aggregate_id.len());
+                            reference.push(EVENTS_BY_REFERENCE);
+                            reference.extend_from_slice(&a.version.to_le_bytes());
+                            reference.extend_from_slice(&count.to_le_bytes());
+                            reference.extend_from_slice(a.aggregate_id.as_bytes());
+                            unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &reference);
+                        }
+                        _ => unit.local.put_dedup(A::TYPE, p, &job.command_id, now, json()),
+                    }
                 }
                 if self.changelog {
                     if job.keyed {

@@ -231,3 +231,65 @@ async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
     let names: HashSet<_> = rt.aggregate_names().collect();
     assert_eq!(names, HashSet::from(["counter"]));
 }
+
+/// A retried key gets its original outcome back whichever way its dedup record holds it:
+/// by reference to the events (what the embedded log writes) or as JSON (older stores).
+/// A reference to events the store does not hold stops the partition, naming the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_keys_get_their_outcome_back_from_either_dedup_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(RuntimeOptions::default())
+        .aggregate::<Counter>(())
+        .build(embedded(&dir, 1));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let slow = |key: &str| CommandRequest {
+        aggregate_id: "c-1".into(),
+        body: br#"{"type":"Slow","ms":0}"#.to_vec(),
+        idempotency_key: Some(key.into()),
+        ..Default::default()
+    };
+    svc.submit(add("c-1", 1, None)).await.unwrap();
+    let added = svc.submit(add("c-1", 2, Some("k-add"))).await.unwrap();
+    let nothing = svc.submit(slow("k-none")).await.unwrap();
+    // Later events of the aggregate must not leak into the replayed outcomes.
+    svc.submit(add("c-1", 3, None)).await.unwrap();
+    let Outcome::Accepted(a) = &added else {
+        panic!("accepted: {added:?}")
+    };
+    assert_eq!((a.version, a.events.len()), (2, 1));
+
+    let store = rt.log().store().clone();
+    let row = store.get_dedup("counter", 0, "k-add").unwrap().unwrap();
+    assert_eq!(row.outcome[0], 0x01, "refers to its events");
+    assert!(row.outcome.len() < 20, "{} bytes", row.outcome.len());
+    assert_eq!(svc.submit(add("c-1", 2, Some("k-add"))).await.unwrap(), added);
+    assert_eq!(svc.submit(slow("k-none")).await.unwrap(), nothing);
+
+    // As a store written before references held it: the outcome's JSON, no position.
+    let mut old = added.clone();
+    if let Outcome::Accepted(a) = &mut old {
+        a.position.clear();
+    }
+    let mut b = eventfold_store::Batch::new();
+    b.put_dedup(
+        "counter",
+        0,
+        "k-old",
+        row.timestamp_ms,
+        &serde_json::to_vec(&old).unwrap(),
+    );
+    let mut bad = vec![0x01];
+    bad.extend_from_slice(&9u64.to_le_bytes());
+    bad.extend_from_slice(&1u32.to_le_bytes());
+    bad.extend_from_slice(b"c-1");
+    b.put_dedup("counter", 0, "k-bad", row.timestamp_ms, &bad);
+    store.commit(b, true).unwrap();
+    assert_eq!(svc.submit(add("c-1", 2, Some("k-old"))).await.unwrap(), added);
+
+    let err = svc.submit(add("c-1", 2, Some("k-bad"))).await.unwrap_err().to_string();
+    assert!(
+        err.contains("table `dedup`") && err.contains("k-bad") && err.contains("versions 9..=9"),
+        "{err}"
+    );
+    assert_eq!(svc.state("c-1").await.unwrap().unwrap().version, 3, "nothing written");
+}
