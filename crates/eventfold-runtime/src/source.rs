@@ -254,20 +254,51 @@ fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, 
 }
 
 /// The value with `"type"` taken from the `ef-type` header when the value lacks it.
+///
+/// The value is checked to be a JSON object and its top-level keys are skimmed, nothing
+/// is built from it: a value with `"type"` (the common case) is returned as it is, and one
+/// without gets the header's type spliced in after its `{`.
 fn with_type(value: &[u8], ef_type: Option<&str>) -> Result<Vec<u8>, eventfold_core::Error> {
+    /// Whether the object has a `"type"` key (of any value, `null` included).
+    #[derive(serde::Deserialize)]
+    struct Top {
+        #[serde(rename = "type", default)]
+        ty: Present,
+    }
+    #[derive(Default)]
+    struct Present(bool);
+    impl<'de> serde::Deserialize<'de> for Present {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+        }
+    }
     let malformed = |reason: String| eventfold_core::Error::Malformed {
         what: "command",
         reason,
     };
-    let mut doc: serde_json::Value = serde_json::from_slice(value).map_err(|e| malformed(e.to_string()))?;
-    let obj = doc
-        .as_object_mut()
-        .ok_or_else(|| malformed("expected a JSON object".into()))?;
-    if !obj.contains_key("type") {
-        let ty = ef_type.ok_or_else(|| malformed("no \"type\" field and no ef-type header".into()))?;
-        obj.insert("type".into(), serde_json::Value::String(ty.to_owned()));
+    // serde reads a struct from a JSON array too: only an object is a command.
+    let Some(open) = value
+        .iter()
+        .position(|b| !b" \t\n\r".contains(b))
+        .filter(|&at| value[at] == b'{')
+    else {
+        return Err(malformed("expected a JSON object".into()));
+    };
+    let top: Top = serde_json::from_slice(value).map_err(|e| malformed(e.to_string()))?;
+    if top.ty.0 {
+        return Ok(value.to_vec());
     }
-    Ok(codec::to_json(&doc))
+    let ty = ef_type.ok_or_else(|| malformed("no \"type\" field and no ef-type header".into()))?;
+    let members = &value[open + 1..];
+    let empty = members.iter().find(|b| !b" \t\n\r".contains(b)) == Some(&b'}');
+    let mut out = Vec::with_capacity(value.len() + ty.len() + 12);
+    out.extend_from_slice(b"{\"type\":");
+    serde_json::to_writer(&mut out, ty).expect("a string serializes");
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(members);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -289,5 +320,27 @@ mod tests {
         assert!(with_type(b"not json", Some("Add")).is_err());
         assert!(with_type(br#"{"n":1}"#, None).is_err());
         assert!(with_type(b"[1]", Some("Add")).is_err());
+        assert!(with_type(br#"["Add"]"#, Some("Add")).is_err(), "an array is no object");
+        assert!(with_type(br#"{"n":1"#, Some("Add")).is_err(), "truncated");
+        assert!(with_type(br#"{"n":1} x"#, Some("Add")).is_err(), "trailing bytes");
+        assert!(with_type(br#"{"type":"A","type":"B"}"#, None).is_err(), "two types");
+        // Kept as sent when it has a type, even an escaped or null one.
+        for kept in [
+            &br#" {"type":"Add","n":1}"#[..],
+            br#"{"\u0074ype":"Add"}"#,
+            br#"{"type":null}"#,
+        ] {
+            assert_eq!(with_type(kept, Some("Other")).unwrap(), kept);
+        }
+        // Spliced in: empty objects, whitespace, a type that needs escaping.
+        let json = |v: Vec<u8>| serde_json::from_slice::<serde_json::Value>(&v).unwrap();
+        assert_eq!(
+            json(with_type(b" { } ", Some("Add")).unwrap()),
+            serde_json::json!({"type":"Add"})
+        );
+        assert_eq!(
+            json(with_type(b"\n{\n \"n\" : [1, {\"type\": 2}] }", Some("A\"d\\d")).unwrap()),
+            serde_json::json!({"type":"A\"d\\d","n":[1,{"type":2}]})
+        );
     }
 }
