@@ -282,14 +282,25 @@ class Suite:
         return json.loads(out)
 
     def warm_up(self, url=None, app=None):
-        """An unmeasured load run first, so both systems are measured warm (JIT, caches)."""
+        """An unmeasured load run first, so both systems are measured warm (JIT, caches).
+        Returns how many HTTP requests it sent (0 for none or a topic load)."""
         if not self.args.warmup:
-            return
+            return 0
         log(f"warm-up run ({self.args.warmup}, discarded)")
         if app:
             self.topic_load(app, self.args.warmup, in_flight=self.args.in_flight)
-        else:
-            self.http_load(url, self.args.warmup, self.args.concurrency)
+            return 0
+        return self.http_load(url, self.args.warmup, self.args.concurrency)["requests"]
+
+    def pg_database_bytes(self):
+        """Size of the peer's database (its table and index files, not the WAL) after a
+        checkpoint has written every dirty page."""
+        psql = [str(CQRS_PEER / "pg.sh"), "psql", "-Atq", "-c"]
+        env = {**os.environ, **self.pg_env()}
+        subprocess.run(psql + ["CHECKPOINT"], env=env, check=True, stdout=subprocess.DEVNULL)
+        out = subprocess.run(psql + ["SELECT pg_database_size(current_database())"], env=env, check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+        return int(out.strip())
 
     def drop_app(self, app):
         """Deletes a finished run's topics and group: a broker that keeps every run's
@@ -337,13 +348,17 @@ class Suite:
                 svc, url = self.shop(f"{name}-embedded-{i}", self.work / f"embedded-{i}", binary=binary)
                 with svc as p:
                     p.wait_http(url + "/readyz", 60)
-                    self.warm_up(url=url)
+                    warm = self.warm_up(url=url)
                     cpu = process_cpu_s(p.proc.pid)
                     r = self.http_load(url, a.duration, a.concurrency)
                     # What a change to the command path should lower. At this concurrency
                     # the cores are saturated, so it moves with throughput between runs.
                     r["service_cpu_us_per_request"] = (process_cpu_s(p.proc.pid) - cpu) * 1e6 / max(r["requests"], 1)
-                    runs[name].append(r)
+                # Stopped gracefully: the memtables are in table files. The journal, like
+                # PostgreSQL's WAL, is not counted.
+                tables = dir_bytes(self.work / f"embedded-{i}" / "keyspaces")
+                r["stored_bytes_per_request"] = tables / max(warm + r["requests"], 1)
+                runs[name].append(r)
                 shutil.rmtree(self.work / f"embedded-{i}", ignore_errors=True)
             if a.no_peers:
                 continue
@@ -357,8 +372,11 @@ class Suite:
             with service(f"cqrs-peer-{i}", cmd, self.work) as p:
                 url = f"http://127.0.0.1:{port}"
                 p.wait_http(url + "/healthz", 60)
-                self.warm_up(url=url)
-                runs["cqrs-es"].append(self.http_load(url, a.duration, a.concurrency))
+                before = self.pg_database_bytes()
+                warm = self.warm_up(url=url)
+                r = self.http_load(url, a.duration, a.concurrency)
+                r["stored_bytes_per_request"] = (self.pg_database_bytes() - before) / max(warm + r["requests"], 1)
+                runs["cqrs-es"].append(r)
         self.record("embedded", params, runs, pairs=[("eventfold", "cqrs-es"), ("eventfold", "baseline")])
 
     def shops(self, params):
@@ -629,6 +647,11 @@ class Suite:
         charts(self.results, out)
 
 
+def dir_bytes(path: Path) -> int:
+    """Bytes of the files under `path`."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def process_cpu_s(pid: int) -> float:
     """User plus system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -651,6 +674,7 @@ def medians(runs: list[dict]) -> dict:
             "p99_9_ms": lat.get("p99_9"),
             "failed": r.get("failed", r.get("missing", 0) + r.get("duplicates", 0)),
             "service_cpu_us_per_request": r.get("service_cpu_us_per_request"),
+            "stored_bytes_per_request": r.get("stored_bytes_per_request"),
         }
     picked = [pick(r) for r in runs]
     return {k: statistics.median(p[k] for p in picked) for k in picked[0] if picked[0][k] is not None}
@@ -718,6 +742,15 @@ def markdown(res: dict) -> str:
             if cpu:
                 out += ["", "Service CPU per request (process user + system CPU over the measured run / its requests; "
                         "median over runs): " + ", ".join(f"{system} {fmt(v, 1)} µs" for system, v in cpu.items())]
+            stored = {system: s["median"]["stored_bytes_per_request"] for system, s in sc["systems"].items()
+                      if s["median"].get("stored_bytes_per_request") is not None}
+            if stored:
+                out += ["", "Stored bytes per command (table and index files after the runs' commands, warm-up "
+                        "included; eventfold's journal and PostgreSQL's WAL not counted; median over runs): "
+                        + ", ".join(f"{system} {fmt(v, 0)} B" for system, v in stored.items())
+                        + ". They keep different things: eventfold the events, their per-order index, the "
+                        "order states, the idempotency keys' outcomes and the `orders` view with its four "
+                        "indexes; cqrs-es the events only (it ignores idempotency keys and has no view here)."]
         if sc["ratios"]:
             out += ["", "| eventfold / compared with | throughput ratio | p99 latency ratio |", "|---|---:|---:|"]
             for r in sc["ratios"]:
