@@ -1,8 +1,11 @@
 //! View tables: rows, secondary index entries and their order-preserving value encoding.
 //!
-//! Row: `view 0 key` -> framed JSON. Index entry: `view 0 index 0 enc(value) key` (or
-//! `view 0 index 0 enc(value)` for a unique index) -> framed row key. `enc` preserves
-//! order, so equality is a prefix scan and ranges are key ranges:
+//! Row: `view 0 key` -> framed JSON. Index entry of a unique index: `view 0 index 0
+//! enc(value)` -> framed row key; of another index: `view 0 index 0 enc(value) key` ->
+//! `crc32 | 3`, the CRC covering the format byte 3 and the row key the entry's key ends
+//! with (5 bytes instead of a copy of the row key; entries of older stores, framed row keys,
+//! are still read). `enc` is prefix-free and preserves order, so equality is a prefix scan
+//! and ranges are key ranges:
 //!
 //! - numbers: tag `0x20`, the value as an IEEE double made sortable (sign flipped; all bits
 //!   flipped for negatives), then the exact integer as a sortable `i128` (zero for
@@ -25,6 +28,51 @@ use std::ops::Bound;
 
 const TAG_NUMBER: u8 = 0x20;
 const TAG_STRING: u8 = 0x30;
+/// Bytes of an encoded number: tag, sortable double, sortable `i128`.
+const NUMBER_LEN: usize = 25;
+
+/// Frame format of a plain index entry's value: no payload, the CRC covering this byte and
+/// the row key at the end of the entry's key.
+const FORMAT_ROW_KEY_IN_KEY: u8 = 3;
+
+/// The value of a plain index entry for `row_key` (5 bytes: held inline, no allocation).
+fn row_key_check(row_key: &[u8]) -> Slice {
+    slice_of(&[&row_key_crc(row_key).to_le_bytes(), &[FORMAT_ROW_KEY_IN_KEY]])
+}
+
+fn row_key_crc(row_key: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&[FORMAT_ROW_KEY_IN_KEY]);
+    crc.update(row_key);
+    crc.finalize()
+}
+
+/// Bytes of the encoded value `v` starts with, if it starts with a whole one.
+fn encoded_len(v: &[u8]) -> Option<usize> {
+    match *v.first()? {
+        TAG_NUMBER => (v.len() >= NUMBER_LEN).then_some(NUMBER_LEN),
+        TAG_STRING => {
+            let mut at = 1;
+            loop {
+                match v.get(at..at + 2)? {
+                    [0x00, 0x01] => return Some(at + 2),
+                    [0x00, 0xFF] => at += 2,
+                    [0x00, _] => return None,
+                    _ => at += 1,
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The row key a plain index entry's key `view 0 index 0 enc(value) key` ends with.
+fn row_key_of_entry(k: &[u8]) -> Option<&[u8]> {
+    let view_end = k.iter().position(|&b| b == 0)?;
+    let index_end = view_end + 1 + k[view_end + 1..].iter().position(|&b| b == 0)?;
+    let value = &k[index_end + 1..];
+    Some(&value[encoded_len(value)?..])
+}
 
 /// Encodes an index value so that byte order equals value order (see the module docs).
 pub fn encode_value(v: &IndexValue) -> Vec<u8> {
@@ -57,7 +105,7 @@ fn number(f: f64, exact: i128) -> Vec<u8> {
     let f = if f == 0.0 { 0.0 } else { f }; // -0.0 == 0.0
     let bits = f.to_bits();
     let sortable = if bits >> 63 == 1 { !bits } else { bits ^ (1 << 63) };
-    let mut out = Vec::with_capacity(25);
+    let mut out = Vec::with_capacity(NUMBER_LEN);
     out.push(TAG_NUMBER);
     out.extend_from_slice(&sortable.to_be_bytes());
     out.extend_from_slice(&((exact as u128) ^ (1 << 127)).to_be_bytes());
@@ -98,6 +146,15 @@ fn entry_key(view: &str, index: &str, value: &[u8], key: &str, unique: bool) -> 
     slice_of(&[view.as_bytes(), &[0], index.as_bytes(), &[0], value, key])
 }
 
+/// The value of an index entry pointing at row `key`.
+fn entry_value(key: &str, unique: bool) -> Slice {
+    if unique {
+        framed(key.as_bytes())
+    } else {
+        row_key_check(key.as_bytes())
+    }
+}
+
 /// A stored entry as [`Store::dump_view`] lists it: table name, raw key, raw value.
 pub type RawEntry = (&'static str, Vec<u8>, Vec<u8>);
 
@@ -122,7 +179,7 @@ impl Batch {
         self.put(
             Table::ViewIndex,
             entry_key(view, index, value, key, unique),
-            framed(key.as_bytes()),
+            entry_value(key, unique),
         );
     }
 
@@ -202,7 +259,7 @@ impl ViewWrite {
     /// Adds the entry `value` -> `key` to `index` (as [`Batch::put_view_entry`]).
     pub fn put_entry(&mut self, index: &str, value: &[u8], key: &str, unique: bool) {
         let k = entry_key(&self.view, index, value, key, unique);
-        self.index(index).push((k, Some(framed(key.as_bytes()))));
+        self.index(index).push((k, Some(entry_value(key, unique))));
     }
 
     /// Removes the entry `value` -> `key` from `index`.
@@ -660,8 +717,30 @@ impl Store {
     }
 }
 
+/// The row key index entry `k` -> `v` points at.
 fn decode_key(k: &[u8], v: &[u8]) -> Result<String> {
-    let raw = unframe(v).map_err(|e| corrupt(Table::ViewIndex, k, e))?;
+    let raw = match v {
+        [crc @ .., FORMAT_ROW_KEY_IN_KEY] if crc.len() == 4 => {
+            let key = row_key_of_entry(k).ok_or_else(|| {
+                corrupt(
+                    Table::ViewIndex,
+                    k,
+                    "key does not end in an encoded value and a row key".into(),
+                )
+            })?;
+            let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+            let actual = row_key_crc(key);
+            if stored != actual {
+                return Err(corrupt(
+                    Table::ViewIndex,
+                    k,
+                    format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"),
+                ));
+            }
+            key
+        }
+        _ => unframe(v).map_err(|e| corrupt(Table::ViewIndex, k, e))?,
+    };
     String::from_utf8(raw.to_vec()).map_err(|_| corrupt(Table::ViewIndex, k, "row key is not UTF-8".into()))
 }
 
@@ -779,6 +858,75 @@ mod tests {
                 assert!(!eb.starts_with(&ea), "{a:?} is a prefix of {b:?}");
             }
         }
+    }
+
+    #[test]
+    fn encoded_lengths_are_found_before_any_suffix() {
+        let mut rng = rand::rng();
+        for i in 0..20_000 {
+            let v = if i % 2 == 0 {
+                random_string(&mut rng)
+            } else {
+                random_number(&mut rng)
+            };
+            let enc = encode_value(&v);
+            for suffix in [&b""[..], b"o-1", b"\0\x01x", &[0xFF; 3]] {
+                let bytes = [&enc[..], suffix].concat();
+                assert_eq!(encoded_len(&bytes), Some(enc.len()), "{v:?} then {suffix:?}");
+            }
+            assert_eq!(encoded_len(&enc[..enc.len() - 1]), None, "{v:?} cut short");
+        }
+        assert_eq!(
+            encoded_len(b"\x30a\x00\x02b\x00\x01"),
+            None,
+            "NUL neither escaped nor ending"
+        );
+        assert_eq!(encoded_len(b"\x40"), None, "unknown tag");
+    }
+
+    /// Plain index entries hold a 5-byte check of the row key their key ends with; entries
+    /// of older stores hold the row key itself; both are read, and a damaged key suffix or
+    /// check is reported as corrupt, not followed to another row.
+    #[test]
+    fn plain_entries_point_at_the_row_their_key_ends_with() {
+        let (_dir, s) = temp();
+        let mut b = Batch::new();
+        let city = encode_value(&IndexValue::String("Zürich\0x".into()));
+        for key in ["o-1", "o-2", "o-3"] {
+            b.put_view_row("v", key, b"{}");
+        }
+        b.put_view_entry("v", "city", &city, "o-1", false);
+        b.put_view_entry("v", "city", &city, "o-2", false);
+        // As stores before the 5-byte check wrote it.
+        b.put(
+            Table::ViewIndex,
+            entry_key("v", "city", &city, "o-3", false),
+            framed(b"o-3"),
+        );
+        s.commit(b, false).unwrap();
+        let scan = || Scan {
+            eq: Some(city.clone()),
+            limit: 10,
+            max_scanned: 10,
+            ..Scan::default()
+        };
+        assert_eq!(all(&s, "v", Some("city"), scan()), ["o-1", "o-2", "o-3"]);
+        let entry = entry_key("v", "city", &city, "o-1", false);
+        let value = s.table(Table::ViewIndex).get(&entry).unwrap().unwrap();
+        assert_eq!(value.len(), 5);
+
+        // The check of o-1's entry under the key of an entry for o-9: a damaged suffix.
+        let mut b = Batch::new();
+        b.put(Table::ViewIndex, entry_key("v", "city", &city, "o-9", false), value);
+        s.commit(b, false).unwrap();
+        let err = s
+            .scan_view("v", Some("city"), &scan(), &mut |_, _| true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("table `view_index`") && err.contains("checksum mismatch"),
+            "{err}"
+        );
     }
 
     fn all(s: &Store, view: &str, index: Option<&str>, scan: Scan) -> Vec<String> {
