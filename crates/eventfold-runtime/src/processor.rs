@@ -22,8 +22,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 /// First byte of a dedup record that refers to its accepted command's events instead of
 /// holding the outcome's JSON (which starts with `{`): `0x01 | version u64 LE | events u32
 /// LE | aggregate id`, the events being the aggregate's last `events` up to `version`.
-/// Written where the store holds the events (no changelog); about 60 bytes instead of the
-/// 400 of a shop order's outcome, and no JSON to build.
+/// Written by the live path on both logs (the store keeps every event); restores from a
+/// changelog write the JSON it carries. About 60 bytes instead of the 400 of a shop
+/// order's outcome, and, on the embedded log, no JSON to build.
 const EVENTS_BY_REFERENCE: u8 = 0x01;
 
 /// A decoded command waiting for its partition.
@@ -1064,8 +1065,11 @@ impl<A: Aggregate> Processor<A> {
                 let json = || json.get_or_init(|| codec::to_json(outcome));
                 if job.keyed {
                     match outcome {
-                        // The events are in this store, written with it: refer to them.
-                        Outcome::Accepted(a) if !self.changelog => {
+                        // The events are kept in this store, written in the same local
+                        // batch (on Kafka too: the committer stores a unit's events and its
+                        // local changes together): refer to them. A changelog's outcome
+                        // record still carries the JSON, and restores write that.
+                        Outcome::Accepted(a) => {
                             let count = u32::try_from(a.events.len()).expect("under 2^32 events per command");
                             let mut reference = Vec::with_capacity(13 + a.aggregate_id.len());
                             reference.push(EVENTS_BY_REFERENCE);
