@@ -233,7 +233,8 @@ async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
 }
 
 /// A retried key gets its original outcome back whichever way its dedup record holds it:
-/// by reference to the events (what the embedded log writes) or as JSON (older stores).
+/// by reference to the events (what the live path writes) or as JSON (older stores, and
+/// restores from a Kafka changelog).
 /// A reference to events the store does not hold stops the partition, naming the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_keys_get_their_outcome_back_from_either_dedup_format() {
