@@ -825,12 +825,13 @@ impl<A: Aggregate> Processor<A> {
     /// events read back from the store, checked to be `command_id`'s.
     fn referenced_outcome(&self, command_id: &str, reference: &[u8]) -> std::result::Result<Outcome, String> {
         let corrupt = |reason: String| format!("corrupt record in table `dedup` for command {command_id:?}: {reason}");
-        let (Some((version, rest)), true) = (reference.split_at_checked(8), reference.len() >= 12) else {
+        if reference.len() < 12 {
             return Err(corrupt(format!(
                 "reference of {} bytes is shorter than 12",
                 reference.len()
             )));
-        };
+        }
+        let (version, rest) = reference.split_at(8);
         let version = u64::from_le_bytes(version.try_into().expect("8 bytes"));
         let count = u64::from(u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")));
         let aggregate_id = std::str::from_utf8(&rest[4..])

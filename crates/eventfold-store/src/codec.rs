@@ -19,10 +19,15 @@ pub const FORMAT_RECORD_V2: u8 = 2;
 
 /// `payload` framed with format byte and checksum, as a store value (see [`slice_of`]).
 pub(crate) fn framed(payload: &[u8]) -> Slice {
+    slice_of(&[&frame_crc(FORMAT_V1, payload).to_le_bytes(), &[FORMAT_V1], payload])
+}
+
+/// The checksum of a frame: the CRC of its format byte and `covered`.
+pub(crate) fn frame_crc(format: u8, covered: &[u8]) -> u32 {
     let mut crc = crc32fast::Hasher::new();
-    crc.update(&[FORMAT_V1]);
-    crc.update(payload);
-    slice_of(&[&crc.finalize().to_le_bytes(), &[FORMAT_V1], payload])
+    crc.update(&[format]);
+    crc.update(covered);
+    crc.finalize()
 }
 
 /// `parts` one after the other as a store key or value, written straight into fjall's

@@ -18,7 +18,7 @@
 //! [`encode_prefix`]`(s)` (the tag and escaped bytes of `s`, without the terminator), and
 //! only such strings' encodings do: a string prefix query is a key range too.
 
-use crate::codec::{framed, slice_of, unframe};
+use crate::codec::{frame_crc, framed, slice_of, unframe};
 use crate::store::{Batch, KeyOp, Store, Table, concat, corrupt, ingest_ordered, key2, sort_ops};
 use crate::{Error, Result};
 use eventfold_core::IndexValue;
@@ -37,14 +37,10 @@ const FORMAT_ROW_KEY_IN_KEY: u8 = 3;
 
 /// The value of a plain index entry for `row_key` (5 bytes: held inline, no allocation).
 fn row_key_check(row_key: &[u8]) -> Slice {
-    slice_of(&[&row_key_crc(row_key).to_le_bytes(), &[FORMAT_ROW_KEY_IN_KEY]])
-}
-
-fn row_key_crc(row_key: &[u8]) -> u32 {
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&[FORMAT_ROW_KEY_IN_KEY]);
-    crc.update(row_key);
-    crc.finalize()
+    slice_of(&[
+        &frame_crc(FORMAT_ROW_KEY_IN_KEY, row_key).to_le_bytes(),
+        &[FORMAT_ROW_KEY_IN_KEY],
+    ])
 }
 
 /// Bytes of the encoded value `v` starts with, if it starts with a whole one.
@@ -729,7 +725,7 @@ fn decode_key(k: &[u8], v: &[u8]) -> Result<String> {
                 )
             })?;
             let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-            let actual = row_key_crc(key);
+            let actual = frame_crc(FORMAT_ROW_KEY_IN_KEY, key);
             if stored != actual {
                 return Err(corrupt(
                     Table::ViewIndex,
