@@ -2,7 +2,7 @@
 //! commit unit per batch. One task per (aggregate type, partition); it is the only writer
 //! of that partition's events, state and dedup records.
 
-use crate::changelog;
+use crate::changelog::{self, EVENTS_BY_REFERENCE};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
@@ -18,14 +18,6 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
-
-/// First byte of a dedup record that refers to its accepted command's events instead of
-/// holding the outcome's JSON (which starts with `{`): `0x01 | version u64 LE | events u32
-/// LE | aggregate id`, the events being the aggregate's last `events` up to `version`.
-/// Written by the live path on both logs (the store keeps every event); restores from a
-/// changelog write the JSON it carries. About 60 bytes instead of the 400 of a shop
-/// order's outcome, and, on the embedded log, no JSON to build.
-const EVENTS_BY_REFERENCE: u8 = 0x01;
 
 /// A decoded command waiting for its partition.
 pub(crate) struct Job<A: Aggregate> {
@@ -695,11 +687,14 @@ impl<A: Aggregate> Processor<A> {
         // Touching the results topic provisions it, so that clients can subscribe to their
         // outcomes before the first command is committed.
         self.log.end_offset(&self.cfg.topics.results, p).await?;
+        // The state topic's end is taken first: a transaction committed in between then
+        // has its events inside the events' span too, so every outcome record restored
+        // below refers to events that are restored before it.
         let mut spans = Vec::new();
-        for t in &topics {
+        for t in topics.iter().rev() {
             let from = self.log.store().log_end(t, p)?;
             let end = self.log.end_offset(t, p).await?;
-            spans.push((t.clone(), from, end));
+            spans.insert(0, (t.clone(), from, end));
         }
         let total: u64 = spans.iter().map(|(_, f, e)| e.saturating_sub(*f)).sum::<u64>().max(1);
         let mut done = 0u64;
@@ -1068,30 +1063,39 @@ impl<A: Aggregate> Processor<A> {
                     match outcome {
                         // The events are kept in this store, written in the same local
                         // batch (on Kafka too: the committer stores a unit's events and its
-                        // local changes together): refer to them. A changelog's outcome
-                        // record still carries the JSON, and restores write that.
+                        // local changes together), and in the changelog's transaction:
+                        // refer to them.
                         Outcome::Accepted(a) => {
                             let count = u32::try_from(a.events.len()).expect("under 2^32 events per command");
-                            let mut reference = Vec::with_capacity(13 + a.aggregate_id.len());
-                            reference.push(EVENTS_BY_REFERENCE);
-                            reference.extend_from_slice(&a.version.to_le_bytes());
-                            reference.extend_from_slice(&count.to_le_bytes());
-                            reference.extend_from_slice(a.aggregate_id.as_bytes());
+                            let reference = changelog::events_reference(&a.aggregate_id, a.version, count);
                             unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &reference);
+                            if self.changelog {
+                                unit.appends.push(changelog::accepted_record(
+                                    &topics.state,
+                                    p,
+                                    &job.command_id,
+                                    &a.aggregate_id,
+                                    a.version,
+                                    count,
+                                    now,
+                                ));
+                            }
                         }
-                        _ => unit.local.put_dedup(A::TYPE, p, &job.command_id, now, json()),
+                        _ => {
+                            unit.local.put_dedup(A::TYPE, p, &job.command_id, now, json());
+                            if self.changelog {
+                                unit.appends.push(changelog::outcome_record(
+                                    &topics.state,
+                                    p,
+                                    &job.command_id,
+                                    json(),
+                                    now,
+                                ));
+                            }
+                        }
                     }
                 }
                 if self.changelog {
-                    if job.keyed {
-                        unit.appends.push(changelog::outcome_record(
-                            &topics.state,
-                            p,
-                            &job.command_id,
-                            json(),
-                            now,
-                        ));
-                    }
                     match (reply_to, outcome) {
                         // A caller of this instance waits for it: nothing for the results topic.
                         (None, _) => {}

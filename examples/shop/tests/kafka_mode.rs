@@ -110,6 +110,27 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
         "{b}"
     );
 
+    // The state topic keeps an accepted command's outcome as a reference to its events
+    // (in the same transaction), a refusal's as its JSON; the new instance below restores
+    // both.
+    let state: HashMap<String, Value> = read_committed(&bootstrap, &format!("{app}.order.state"), 8)
+        .into_iter()
+        .map(|(key, _, value)| (key, value))
+        .collect();
+    assert_eq!(
+        state["cmd/place-7"]["events"],
+        serde_json::json!({"aggregate_id": "o-7", "version": 1, "count": 1}),
+        "{}",
+        state["cmd/place-7"]
+    );
+    assert!(state["cmd/place-7"].get("outcome").is_none());
+    assert_eq!(
+        state["cmd/late-add-1"]["outcome"]["rejected"]["error"].as_str(),
+        Some("not_placed"),
+        "{}",
+        state["cmd/late-add-1"]
+    );
+
     // SIGKILL, then a new instance on an EMPTY data directory: everything comes back
     // from the topics (I5).
     let states: Vec<Value> = (0..10)
