@@ -72,14 +72,7 @@ pub fn outcome_record(topic: &Arc<str>, partition: u32, command_id: &str, outcom
     value.extend_from_slice(format!("{{\"timestamp_ms\":{now},\"outcome\":").as_bytes());
     value.extend_from_slice(outcome_json);
     value.push(b'}');
-    let key = format!("{OUTCOME_PREFIX}{command_id}");
-    let record = record(key.as_bytes(), value, "Outcome", now).with_header(headers::COMMAND_ID, command_id);
-    Append {
-        topic: topic.clone(),
-        partition,
-        record,
-        entity: None,
-    }
+    keyed_outcome(topic, partition, command_id, value, now)
 }
 
 /// An accepted command's outcome by reference, keyed by `cmd/<command id>`:
@@ -104,6 +97,11 @@ pub fn accepted_record(
         }),
     })
     .expect("serializable");
+    keyed_outcome(topic, partition, command_id, value, now)
+}
+
+/// An outcome record's `value`, keyed by `cmd/<command id>`.
+fn keyed_outcome(topic: &Arc<str>, partition: u32, command_id: &str, value: Vec<u8>, now: i64) -> Append {
     let key = format!("{OUTCOME_PREFIX}{command_id}");
     let record = record(key.as_bytes(), value, "Outcome", now).with_header(headers::COMMAND_ID, command_id);
     Append {
