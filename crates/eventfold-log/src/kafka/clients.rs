@@ -198,10 +198,16 @@ impl Clients {
     /// (bounded channel: a slow follower slows the fetching, nothing is dropped).
     pub(super) fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
         let what = || format!("cannot follow {topic}");
-        let consumer: BaseConsumer<Quiet> = consumer_config(&self.options, Some(&self.reader_group()))
-            .set("enable.partition.eof", "false")
-            .create_with_context(Quiet)
-            .map_err(|e| kafka_error(&what(), e))?;
+        let mut config = consumer_config(&self.options, Some(&self.reader_group()));
+        config.set("enable.partition.eof", "false");
+        // A follower waits for new records: the broker may park its fetch, which it
+        // answers as soon as records (or, read_committed, a transaction's commit) arrive.
+        // With the range readers' 20 ms every idle follower cost the broker 50 fetches a
+        // second.
+        if !self.options.client_config.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
+            config.set("fetch.wait.max.ms", FOLLOW_FETCH_WAIT_MS);
+        }
+        let consumer: BaseConsumer<Quiet> = config.create_with_context(Quiet).map_err(|e| kafka_error(&what(), e))?;
         let mut tpl = TopicPartitionList::new();
         for (p, from) in starts {
             tpl.add_partition_offset(topic, *p as i32, Offset::Offset(*from as i64))
@@ -313,6 +319,10 @@ impl Clients {
 /// (`end`, a last stable offset taken before), or the partition EOF; bounded by `timeout`.
 /// Most records handed over in one batch of a follower.
 const FOLLOW_BATCH_MAX: usize = 512;
+
+/// `fetch.wait.max.ms` of a follower: how long the broker may park its fetch while there
+/// is nothing new (it answers as soon as there is).
+const FOLLOW_FETCH_WAIT_MS: &str = "500";
 
 /// Polls `consumer` until the follower is dropped, grouping consecutive records of one
 /// partition into batches.
