@@ -38,6 +38,22 @@ pub(crate) fn events_reference(aggregate_id: &str, version: u64, count: u32) -> 
     reference
 }
 
+/// `(version, events, aggregate id)` of an [`events_reference`], from its bytes after the
+/// [`EVENTS_BY_REFERENCE`] byte; why not, if they are not one.
+pub(crate) fn decode_events_reference(reference: &[u8]) -> Result<(u64, u32, &str), String> {
+    if reference.len() < 12 {
+        return Err(format!("reference of {} bytes is shorter than 12", reference.len()));
+    }
+    let (version, rest) = reference.split_at(8);
+    let version = u64::from_le_bytes(version.try_into().expect("8 bytes"));
+    let count = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
+    let aggregate_id = std::str::from_utf8(&rest[4..]).map_err(|_| "aggregate id is not UTF-8".to_owned())?;
+    if u64::from(count) > version {
+        return Err(format!("{count} events cannot end at version {version}"));
+    }
+    Ok((version, count, aggregate_id))
+}
+
 fn record(key: &[u8], value: Vec<u8>, ty: &str, now: i64) -> Record {
     Record {
         key: key.to_vec(),
@@ -244,6 +260,12 @@ mod tests {
         let d = store.get_dedup("order", 1, "k-2").unwrap().unwrap();
         assert_eq!((d.timestamp_ms, d.outcome), (9, events_reference("o-\"7\"", 4, 2)));
         assert_eq!(events_reference("o-1", 1, 1).len(), 1 + 8 + 4 + 3);
+        assert_eq!(
+            decode_events_reference(&events_reference("o-\"7\"", 4, 2)[1..]),
+            Ok((4, 2, "o-\"7\""))
+        );
+        assert!(decode_events_reference(&events_reference("o", 1, 2)[1..]).is_err());
+        assert!(decode_events_reference(&[0; 11]).is_err());
 
         for (bad, why) in [
             (r#"{"timestamp_ms":1}"#, "neither or both"),

@@ -820,21 +820,8 @@ impl<A: Aggregate> Processor<A> {
     /// events read back from the store, checked to be `command_id`'s.
     fn referenced_outcome(&self, command_id: &str, reference: &[u8]) -> std::result::Result<Outcome, String> {
         let corrupt = |reason: String| format!("corrupt record in table `dedup` for command {command_id:?}: {reason}");
-        if reference.len() < 12 {
-            return Err(corrupt(format!(
-                "reference of {} bytes is shorter than 12",
-                reference.len()
-            )));
-        }
-        let (version, rest) = reference.split_at(8);
-        let version = u64::from_le_bytes(version.try_into().expect("8 bytes"));
-        let count = u64::from(u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")));
-        let aggregate_id = std::str::from_utf8(&rest[4..])
-            .map_err(|_| corrupt("aggregate id is not UTF-8".to_owned()))?
-            .to_owned();
-        if count > version {
-            return Err(corrupt(format!("{count} events cannot end at version {version}")));
-        }
+        let (version, count, aggregate_id) = changelog::decode_events_reference(reference).map_err(corrupt)?;
+        let (count, aggregate_id) = (u64::from(count), aggregate_id.to_owned());
         let topic = &self.cfg.topics.events;
         let stored = if count == 0 {
             Vec::new()

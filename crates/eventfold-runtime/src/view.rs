@@ -1562,6 +1562,7 @@ fn owner(pending: &Pending, base: &dyn Committed, i: usize, value: &[u8]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_fallback_poll_slows_down_while_a_partition_idles() {
@@ -1570,7 +1571,6 @@ mod tests {
         assert_eq!(polls, [500, 500, 1000, 2000, 4000, 4000, 4000]);
         assert_eq!(idle_poll(base, u32::MAX), Duration::from_millis(4000));
     }
-    use serde_json::json;
 
     /// Committed rows from a map.
     struct Base(HashMap<String, Value>);
