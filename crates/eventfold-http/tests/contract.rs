@@ -503,6 +503,30 @@ async fn health_ready_metrics_cluster_and_unknown_routes() {
         text.contains("eventfold_commit_latency_seconds_count{aggregate=\"counter\"} 2"),
         "{text}"
     );
+    // Both commands reached their partition; a malformed one (a 400) is not timed.
+    let (st, _, _) = s.post("m-1", r#"{"type":"Add""#, &[]).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("# TYPE eventfold_command_latency_seconds histogram"),
+        "{text}"
+    );
+    assert!(
+        text.contains("eventfold_command_latency_seconds_count{aggregate=\"counter\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("eventfold_command_latency_seconds_bucket{aggregate=\"counter\",le=\"+Inf\"} 2"),
+        "{text}"
+    );
     assert!(
         text.contains("eventfold_commit_batch_commands_bucket{aggregate=\"counter\",le=\"1\"} 2"),
         "{text}"

@@ -1,5 +1,5 @@
-//! Metrics in Prometheus text format: commands by outcome, commit latency, batch sizes,
-//! restore progress. Lock-free on the hot path (atomics only).
+//! Metrics in Prometheus text format: commands by outcome, command and commit latency,
+//! batch sizes, restore progress. Lock-free on the hot path (atomics only).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +98,10 @@ impl Histogram {
 pub struct AggregateMetrics {
     name: String,
     outcomes: [AtomicU64; 5],
+    /// Seconds from a command's submission to its outcome: waiting in its partition's
+    /// queue, processing, commit (or, for a partition owned elsewhere, the round trip
+    /// through the commands and results topics). What a caller waits, minus HTTP.
+    pub command_latency: Histogram,
     /// Seconds from the start of a commit to its durability.
     pub commit_latency: Histogram,
     /// Commands per commit.
@@ -110,6 +114,7 @@ impl AggregateMetrics {
         Self {
             name: name.to_owned(),
             outcomes: Default::default(),
+            command_latency: Histogram::new(LATENCY_BUCKETS),
             commit_latency: Histogram::new(LATENCY_BUCKETS),
             batch_size: Histogram::new(BATCH_BUCKETS),
         }
@@ -141,8 +146,10 @@ impl AggregateMetrics {
     }
 
     /// Appends the histogram series.
-    pub fn render_histograms(&self, latency: &mut String, batch: &mut String) {
+    pub fn render_histograms(&self, command: &mut String, latency: &mut String, batch: &mut String) {
         let labels = format!("aggregate=\"{}\"", self.name);
+        self.command_latency
+            .render(command, "eventfold_command_latency_seconds", &labels);
         self.commit_latency
             .render(latency, "eventfold_commit_latency_seconds", &labels);
         self.batch_size

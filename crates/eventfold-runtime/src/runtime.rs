@@ -647,10 +647,12 @@ impl Runtime {
         for s in self.inner.services.values() {
             s.metrics().render_commands(&mut out);
         }
-        let (mut latency, mut batch) = (String::new(), String::new());
+        let (mut command, mut latency, mut batch) = (String::new(), String::new(), String::new());
         for s in self.inner.services.values() {
-            s.metrics().render_histograms(&mut latency, &mut batch);
+            s.metrics().render_histograms(&mut command, &mut latency, &mut batch);
         }
+        out.push_str("# HELP eventfold_command_latency_seconds Time from a command's submission to its outcome (queue, processing, commit; through Kafka for partitions owned elsewhere).\n# TYPE eventfold_command_latency_seconds histogram\n");
+        out.push_str(&command);
         out.push_str("# HELP eventfold_commit_latency_seconds Time from the start of a commit to its durability.\n# TYPE eventfold_commit_latency_seconds histogram\n");
         out.push_str(&latency);
         out.push_str("# HELP eventfold_commit_batch_commands Commands per commit unit.\n# TYPE eventfold_commit_batch_commands histogram\n");

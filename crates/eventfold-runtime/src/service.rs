@@ -203,32 +203,10 @@ impl<A: Aggregate> TypedService<A> {
         );
         result
     }
-}
 
-/// The typed implementation behind [`AggregateService`].
-pub(crate) struct TypedService<A: Aggregate> {
-    pub(crate) topics: Topics,
-    pub(crate) log: Arc<dyn Log>,
-    pub(crate) options: RuntimeOptions,
-    pub(crate) partitions: Vec<(Arc<PartitionShared>, mpsc::Sender<Job<A>>)>,
-    pub(crate) metrics: Arc<AggregateMetrics>,
-    pub(crate) notify: broadcast::Sender<(Arc<str>, u64)>,
-    /// Sends commands for partitions owned elsewhere through the commands topic (Kafka).
-    pub(crate) remote: Option<Arc<crate::remote::Requester>>,
-}
-
-#[async_trait]
-impl<A: Aggregate> AggregateService for TypedService<A> {
-    fn name(&self) -> &str {
-        A::TYPE
-    }
-
-    async fn submit(&self, req: CommandRequest) -> Result<Outcome> {
-        check_id(&req.aggregate_id)?;
-        if let Some(k) = &req.idempotency_key {
-            check_key(k)?;
-        }
-        let (command_type, command) = codec::decode_command::<A::Command>(A::TYPE, &req.body)?;
+    /// A decoded command of `submit`, on its way to its partition's queue or, for a
+    /// partition owned elsewhere, to the commands topic.
+    async fn run(&self, command_type: String, command: A::Command, req: CommandRequest) -> Result<Outcome> {
         let p = partition_for(req.aggregate_id.as_bytes(), self.partitions.len() as u32);
         let (shared, tx) = &self.partitions[p as usize];
         let queued = tx.max_capacity() - tx.capacity();
@@ -292,7 +270,37 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
             Err(_) => Err(Error::Timeout(self.options.command_timeout)),
         }
     }
+}
 
+/// The typed implementation behind [`AggregateService`].
+pub(crate) struct TypedService<A: Aggregate> {
+    pub(crate) topics: Topics,
+    pub(crate) log: Arc<dyn Log>,
+    pub(crate) options: RuntimeOptions,
+    pub(crate) partitions: Vec<(Arc<PartitionShared>, mpsc::Sender<Job<A>>)>,
+    pub(crate) metrics: Arc<AggregateMetrics>,
+    pub(crate) notify: broadcast::Sender<(Arc<str>, u64)>,
+    /// Sends commands for partitions owned elsewhere through the commands topic (Kafka).
+    pub(crate) remote: Option<Arc<crate::remote::Requester>>,
+}
+
+#[async_trait]
+impl<A: Aggregate> AggregateService for TypedService<A> {
+    fn name(&self) -> &str {
+        A::TYPE
+    }
+
+    async fn submit(&self, req: CommandRequest) -> Result<Outcome> {
+        check_id(&req.aggregate_id)?;
+        if let Some(k) = &req.idempotency_key {
+            check_key(k)?;
+        }
+        let (command_type, command) = codec::decode_command::<A::Command>(A::TYPE, &req.body)?;
+        let started = std::time::Instant::now();
+        let result = self.run(command_type, command, req).await;
+        self.metrics.command_latency.observe(started.elapsed().as_secs_f64());
+        result
+    }
     fn partition_is_remote(&self, p: u32) -> bool {
         self.partitions
             .get(p as usize)
