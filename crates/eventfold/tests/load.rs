@@ -23,6 +23,8 @@ enum Mode {
     Always(StatusCode),
     /// 500 when the request number `n` in the key `{run}-{n}` is a multiple of 10.
     FailEveryTenth,
+    /// 200 after this long.
+    Slow(Duration),
 }
 
 /// One request as the server saw it.
@@ -79,6 +81,10 @@ async fn command(
     let accepted = Json(json!({"aggregate_id": id, "version": 1, "events": [], "position": "x"}));
     match server.mode {
         Mode::Accept => accepted.into_response(),
+        Mode::Slow(delay) => {
+            tokio::time::sleep(delay).await;
+            accepted.into_response()
+        }
         Mode::UnavailableOnFirstAttempt if first_attempt => (
             StatusCode::SERVICE_UNAVAILABLE,
             [("retry-after", "0")],
@@ -340,6 +346,39 @@ async fn rate_limits_the_offered_load() {
     assert_eq!(server.seen().len(), 100);
     assert_eq!(summary.to_json()["target_rate_per_s"], 200.0);
     assert_percentiles_monotonic(&summary);
+    // A request's start lag is part of its latency, so every percentile is too.
+    let (lag, latency) = (summary.start_lag_ms.expect("measured with a rate"), summary.latency_ms);
+    assert!(
+        lag.p50 <= latency.p50 && lag.p99 <= latency.p99 && lag.max <= latency.max,
+        "{lag:?} {latency:?}"
+    );
+    assert!(summary.to_json()["start_lag_ms"]["p99"].is_f64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generator_that_falls_behind_its_schedule_reports_the_start_lag() {
+    // One worker, 100 requests/s due, 50 ms per response: request n is due at 10n ms but
+    // leaves at about 50n ms, so the last of 10 leaves about 360 ms late.
+    let (url, _) = start(Mode::Slow(Duration::from_millis(50))).await;
+    let opts = LoadOptions {
+        rate: Some(100.0),
+        concurrency: 1,
+        ..options(&url, 10)
+    };
+    let summary = load::run(opts).await.unwrap();
+    assert_eq!(summary.succeeded(), 10);
+    let lag = summary.start_lag_ms.expect("measured with a rate");
+    assert!(lag.max >= 300.0, "{lag:?}");
+    assert!(lag.max <= summary.latency_ms.max, "{lag:?} {:?}", summary.latency_ms);
+    let text = summary.to_string();
+    assert!(text.contains("start lag"), "{text}");
+
+    // Closed loop (no rate): nothing is scheduled, so there is no start lag to report.
+    let (url, _) = start(Mode::Accept).await;
+    let closed = load::run(options(&url, 10)).await.unwrap();
+    assert!(closed.start_lag_ms.is_none());
+    assert!(closed.to_json()["start_lag_ms"].is_null());
+    assert!(!closed.to_string().contains("start lag"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

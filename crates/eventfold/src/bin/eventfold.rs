@@ -270,7 +270,8 @@ struct LoadArgs {
     count: Option<u64>,
 
     /// Target requests per second across all workers (open loop; latency is measured from
-    /// each request's intended send time) [default: as fast as possible].
+    /// each request's intended send time, and the summary adds the start lag: how late
+    /// requests left against that schedule) [default: as fast as possible].
     #[arg(short, long, value_name = "R")]
     rate: Option<f64>,
 

@@ -9,7 +9,9 @@
 //! With a target rate the generator runs open loop: request `n` is due at
 //! `start + n / rate`, and its latency is measured from that intended send time rather than
 //! from the moment a worker got round to sending it. A stalled server therefore shows up as
-//! high latency instead of silently lowering the offered load (coordinated omission).
+//! high latency instead of silently lowering the offered load (coordinated omission). How
+//! late requests left against the schedule is reported too (`Summary::start_lag_ms`): a
+//! generator short of workers or of CPU shows there, not only in the latency.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -294,6 +296,10 @@ pub struct Summary {
     pub target_rate: Option<f64>,
     /// Latency percentiles in milliseconds.
     pub latency_ms: Latency,
+    /// With `--rate`: how late requests left against their schedule, in milliseconds
+    /// (their latency counts from the scheduled instant). A high start lag means the
+    /// generator was behind (every worker busy, or no core for it), not the service.
+    pub start_lag_ms: Option<Latency>,
     /// Threshold used by [`Summary::check`].
     pub max_error_rate: f64,
     /// The run was stopped by the shutdown signal before reaching its limit.
@@ -434,6 +440,7 @@ impl Summary {
             "throughput_per_s": self.throughput_per_s(),
             "target_rate_per_s": self.target_rate,
             "latency_ms": latency.to_json(),
+            "start_lag_ms": self.start_lag_ms.as_ref().map(Latency::to_json),
             "interrupted": self.interrupted,
             "first_error": self.first_error,
         })
@@ -485,6 +492,13 @@ impl fmt::Display for Summary {
             "             {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
             l.p50, l.p90, l.p99, l.p99_9, l.max
         )?;
+        if let Some(l) = &self.start_lag_ms {
+            writeln!(
+                f,
+                "  start lag  {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  (sent late against the schedule: the generator was behind)",
+                l.p50, l.p90, l.p99, l.p99_9, l.max
+            )?;
+        }
         writeln!(f)?;
         let verdict = match self.check() {
             Ok(()) => "ok".to_owned(),
@@ -620,11 +634,17 @@ impl Shared {
             {
                 return;
             }
+            let began = Instant::now();
             let (response, retries) = self.execute(&mut connection, n, worker, &mut rng, &stop).await;
             let done = Instant::now();
             let mut tally = lock(&self.tally);
             if measured {
-                tally.record(response, retries, done - intended, done);
+                let timing = Timing {
+                    latency: done - intended,
+                    start_lag: began.saturating_duration_since(intended),
+                    done,
+                };
+                tally.record(response, retries, timing);
             } else {
                 tally.warmup_requests += 1;
             }
@@ -751,6 +771,7 @@ impl Shared {
         let tally = lock(&self.tally);
         let finished = tally.last_done.unwrap_or_else(Instant::now);
         let latency_ms = Latency::from_histogram_us(&tally.latency_us);
+        let start_lag_ms = opts.rate.map(|_| Latency::from_histogram_us(&tally.start_lag_us));
         let url = match &opts.get {
             Some(path) => format!("GET {}{path}", opts.url.trim_end_matches('/')),
             None => format!(
@@ -770,6 +791,7 @@ impl Shared {
             elapsed: finished.saturating_duration_since(self.warmup_end),
             target_rate: opts.rate,
             latency_ms,
+            start_lag_ms,
             max_error_rate: opts.max_error_rate,
             interrupted,
             first_error: tally.first_error.clone(),
@@ -793,9 +815,20 @@ impl Attempt {
     }
 }
 
+/// When a measured request was scheduled, sent and done, as `Tally::record` takes it.
+struct Timing {
+    /// Scheduled instant to completion.
+    latency: Duration,
+    /// Scheduled instant to the first attempt.
+    start_lag: Duration,
+    done: Instant,
+}
+
 /// Counters of the measured phase.
 struct Tally {
     latency_us: Histogram<u64>,
+    /// Scheduled send instant to the actual send (`--rate` only).
+    start_lag_us: Histogram<u64>,
     status: BTreeMap<u16, u64>,
     requests: u64,
     failed: u64,
@@ -810,6 +843,8 @@ impl Tally {
     fn new() -> Self {
         Self {
             latency_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid"),
+            start_lag_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3)
+                .expect("constant histogram bounds are valid"),
             status: BTreeMap::new(),
             requests: 0,
             failed: 0,
@@ -821,9 +856,11 @@ impl Tally {
         }
     }
 
-    fn record(&mut self, response: Response, retries: u32, latency: Duration, done: Instant) {
-        let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.latency_us.saturating_record(latency_us.max(1));
+    fn record(&mut self, response: Response, retries: u32, timing: Timing) {
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+        self.latency_us.saturating_record(us(timing.latency));
+        self.start_lag_us.saturating_record(us(timing.start_lag));
+        let done = timing.done;
         self.requests += 1;
         self.retries += u64::from(retries);
         match response {
