@@ -666,12 +666,16 @@ def medians(runs: list[dict]) -> dict:
         if "wall_s" in r:
             return {k: r[k] for k in ("throughput_per_s", "elapsed_s", "wall_s", "cpu_s")}
         lat = r.get("latency_ms", {})
+        # Open loop only: how late the generator sent against its schedule (a generator
+        # short of a core on this machine shows here, not only in the latency).
+        lag = r.get("start_lag_ms") or {}
         return {
             "throughput_per_s": r.get("throughput_per_s"),
             "p50_ms": lat.get("p50"),
             "p90_ms": lat.get("p90"),
             "p99_ms": lat.get("p99"),
             "p99_9_ms": lat.get("p99_9"),
+            "start_lag_p99_ms": lag.get("p99"),
             "failed": r.get("failed", r.get("missing", 0) + r.get("duplicates", 0)),
             "service_cpu_us_per_request": r.get("service_cpu_us_per_request"),
             "stored_bytes_per_request": r.get("stored_bytes_per_request"),
