@@ -301,6 +301,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
         self.metrics.command_latency.observe(started.elapsed().as_secs_f64());
         result
     }
+
     fn partition_is_remote(&self, p: u32) -> bool {
         self.partitions
             .get(p as usize)

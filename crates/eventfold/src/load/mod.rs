@@ -824,6 +824,11 @@ struct Timing {
     done: Instant,
 }
 
+/// A histogram of microseconds up to `LATENCY_US_MAX`, 3 significant digits.
+fn micros_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid")
+}
+
 /// Counters of the measured phase.
 struct Tally {
     latency_us: Histogram<u64>,
@@ -842,9 +847,8 @@ struct Tally {
 impl Tally {
     fn new() -> Self {
         Self {
-            latency_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid"),
-            start_lag_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3)
-                .expect("constant histogram bounds are valid"),
+            latency_us: micros_histogram(),
+            start_lag_us: micros_histogram(),
             status: BTreeMap::new(),
             requests: 0,
             failed: 0,
