@@ -473,8 +473,7 @@ fn end_offset(consumer: &BaseConsumer, topic: &str, p: i32, timeout: Duration) -
 }
 
 fn consume_results(consumer: &BaseConsumer, shared: &Shared, prefix: &str) -> anyhow::Result<Histogram<u64>> {
-    let mut histogram =
-        Histogram::<u64>::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid");
+    let mut histogram = crate::load::micros_histogram();
     while !shared.stop_consumer.load(Ordering::Acquire) {
         let Some(message) = consumer.poll(Duration::from_millis(50)) else {
             continue;

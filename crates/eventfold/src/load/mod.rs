@@ -825,7 +825,7 @@ struct Timing {
 }
 
 /// A histogram of microseconds up to `LATENCY_US_MAX`, 3 significant digits.
-fn micros_histogram() -> Histogram<u64> {
+pub(crate) fn micros_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid")
 }
 
