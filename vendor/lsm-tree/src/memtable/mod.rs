@@ -9,8 +9,8 @@ use crate::{
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::{Bound, RangeBounds};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock};
 
 pub use crate::tree::inner::MemtableId;
 
@@ -115,6 +115,10 @@ pub struct Memtable {
     pub(crate) highest_seqno: AtomicU64,
 
     pub(crate) requested_rotation: AtomicBool,
+
+    /// eventfold patch: a Bloom filter of the user keys, built at the first point read
+    /// (see [`KeyFilter`]); none in memtables that only ever see range reads.
+    filter: OnceLock<KeyFilter>,
 }
 
 impl Memtable {
@@ -144,6 +148,7 @@ impl Memtable {
             approximate_size: AtomicU64::default(),
             highest_seqno: AtomicU64::default(),
             requested_rotation: AtomicBool::default(),
+            filter: OnceLock::new(),
         }
     }
 
@@ -192,6 +197,12 @@ impl Memtable {
         // abcdef -> 6
         // abcdef -> 5
         //
+        // eventfold patch: a key the filter has not seen is not here; the filter answers
+        // with one cache line where the B-tree search reads a node per level.
+        if !self.filter().may_contain(key) {
+            return None;
+        }
+
         let lower_bound = MemKey::new(InternalKey::new(key, seqno - 1, ValueType::Value));
 
         let items = read(&self.items);
@@ -245,6 +256,11 @@ impl Memtable {
         // the last write, its value type included. `BTreeMap::insert` would keep the first
         // key and only replace the value: a tombstone's empty value under a `Value` key.
         // The skiplist replaced the whole entry.
+        // Under the write lock, which the filter's construction takes too: a key is either
+        // in the B-tree when the filter is built from it, or added to the filter here.
+        if let Some(filter) = self.filter.get() {
+            filter.insert(&key.user_key);
+        }
         match items.entry(MemKey::new(key)) {
             std::collections::btree_map::Entry::Vacant(slot) => {
                 slot.insert(item.value);
@@ -261,6 +277,28 @@ impl Memtable {
             .fetch_max(item.key.seqno, std::sync::atomic::Ordering::AcqRel);
 
         (item_size, size_before + item_size)
+    }
+
+    /// eventfold patch: the key filter, built from the keys in the memtable at the first
+    /// call (under the write lock, so that no insert slips between the keys it reads and
+    /// the filter taking over).
+    fn filter(&self) -> &KeyFilter {
+        if let Some(filter) = self.filter.get() {
+            return filter;
+        }
+        let items = self
+            .items
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let filter = self.filter.get_or_init(|| {
+            let filter = KeyFilter::new();
+            for key in items.keys() {
+                filter.insert(&key.key.user_key);
+            }
+            filter
+        });
+        drop(items);
+        filter
     }
 
     /// Returns the highest sequence number in the memtable.
@@ -395,6 +433,64 @@ impl DoubleEndedIterator for ChunkedRange<'_> {
             self.refill(true);
         }
         self.back.pop_back().or_else(|| self.front.pop_back())
+    }
+}
+
+/// eventfold patch: a blocked Bloom filter of a memtable's user keys, so that a point read
+/// of a key the memtable does not hold (the state of a new aggregate, the dedup record of
+/// a new command) costs one cache line instead of a B-tree search: those searches were
+/// about 6% of the CPU samples of eventfold's in-process command bench. A key sets
+/// [`FILTER_PROBES`] bits in one 64-byte block. It is built at a memtable's first point
+/// read, so memtables only read by ranges (the log, the per-entity index) never pay for
+/// it. 512 KiB: a 64 MiB memtable of the `state` table holds about 200,000 keys, about
+/// 20 bits per key (a false positive costs only the B-tree search it would have done).
+struct KeyFilter {
+    words: Box<[AtomicU64]>,
+}
+
+/// Bits a key sets (and a read tests) in its block.
+const FILTER_PROBES: u32 = 5;
+/// 64-byte blocks of the filter (a power of two).
+const FILTER_BLOCKS: usize = 8_192;
+
+impl KeyFilter {
+    fn new() -> Self {
+        Self {
+            words: (0..FILTER_BLOCKS * 8).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The key's block (its first word's index) and the bits it sets there: each probe
+    /// takes 9 bits of the hash (a bit of 512), the block its top 13 bits.
+    fn probes(key: &[u8]) -> (usize, u64) {
+        let hash = crate::hash::hash64(key);
+        #[expect(clippy::cast_possible_truncation, reason = "13 bits")]
+        let block = (hash >> (64 - 13)) as usize & (FILTER_BLOCKS - 1);
+        (block * 8, hash)
+    }
+
+    fn bit(hash: u64, probe: u32) -> (usize, u64) {
+        #[expect(clippy::cast_possible_truncation, reason = "9 bits")]
+        let bit = (hash >> (probe * 9)) as usize & 511;
+        (bit / 64, 1 << (bit % 64))
+    }
+
+    fn insert(&self, key: &[u8]) {
+        let (block, hash) = Self::probes(key);
+        for probe in 0..FILTER_PROBES {
+            let (word, mask) = Self::bit(hash, probe);
+            // Relaxed: a reader sees an insert through the seqno it reads at, which is
+            // published after the insert (and its filter bits).
+            self.words[block + word].fetch_or(mask, Ordering::Relaxed);
+        }
+    }
+
+    fn may_contain(&self, key: &[u8]) -> bool {
+        let (block, hash) = Self::probes(key);
+        (0..FILTER_PROBES).all(|probe| {
+            let (word, mask) = Self::bit(hash, probe);
+            self.words[block + word].load(Ordering::Relaxed) & mask != 0
+        })
     }
 }
 
