@@ -325,15 +325,18 @@ fn read(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Entries an iterator copies out per read lock.
-const CHUNK: usize = 128;
+/// Entries an iterator copies out at its first read lock at an end: a short scan (a
+/// query's page, the last key of a prefix) copies little.
+const FIRST_CHUNK: usize = 16;
+/// The most it copies per read lock; each chunk at an end is twice the one before.
+const MAX_CHUNK: usize = 256;
 
 /// eventfold patch: an iterator over a range of a memtable that holds the read lock only
-/// while it copies the next [`CHUNK`] entries at one end, never between calls. Each end
-/// resumes after the last key it took, and the two ends never take a key twice: a chunk
-/// is taken from the range between the keys already taken at either end. As with the
-/// skiplist's iterators, entries inserted concurrently may or may not be seen; readers
-/// filter by seqno anyway.
+/// while it copies the next chunk of entries at one end (16 first, doubling up to 256),
+/// never between calls. Each end resumes after the last key it took, and the two ends
+/// never take a key twice: a chunk is taken from the range between the keys already taken
+/// at either end. As with the skiplist's iterators, entries inserted concurrently may or
+/// may not be seen; readers filter by seqno anyway.
 struct ChunkedRange<'a> {
     items: &'a RwLock<BTreeMap<MemKey, UserValue>>,
     /// What has not been copied out yet lies between these bounds.
@@ -343,6 +346,9 @@ struct ChunkedRange<'a> {
     front: VecDeque<InternalValue>,
     /// Copied out at the back, ascending (the next item from the back is the last).
     back: VecDeque<InternalValue>,
+    /// The size of the next chunk at the front and at the back.
+    front_chunk: usize,
+    back_chunk: usize,
     /// No entry is left between `lo` and `hi`.
     drained: bool,
 }
@@ -366,6 +372,8 @@ impl<'a> ChunkedRange<'a> {
             hi,
             front: VecDeque::new(),
             back: VecDeque::new(),
+            front_chunk: FIRST_CHUNK,
+            back_chunk: FIRST_CHUNK,
             drained,
         }
     }
@@ -381,37 +389,35 @@ impl<'a> ChunkedRange<'a> {
             key: k.key.clone(),
             value: v.clone(),
         };
-        let (mut last, taken) = (
-            None,
-            if from_back {
-                &mut self.back
-            } else {
-                &mut self.front
-            },
-        );
+        let (taken, chunk) = if from_back {
+            (&mut self.back, &mut self.back_chunk)
+        } else {
+            (&mut self.front, &mut self.front_chunk)
+        };
+        let want = *chunk;
+        *chunk = (want * 2).min(MAX_CHUNK);
         let before = taken.len();
         if from_back {
-            for (k, v) in range.rev().take(CHUNK) {
-                taken.push_front(copy((k, v)));
-                last = Some(k.clone());
+            for kv in range.rev().take(want) {
+                taken.push_front(copy(kv));
             }
         } else {
-            for (k, v) in range.take(CHUNK) {
-                taken.push_back(copy((k, v)));
-                last = Some(k.clone());
+            for kv in range.take(want) {
+                taken.push_back(copy(kv));
             }
         }
-        let got = taken.len() - before;
-        match last {
-            Some(k) if got == CHUNK => {
-                if from_back {
-                    self.hi = Bound::Excluded(k);
-                } else {
-                    self.lo = Bound::Excluded(k);
-                }
-            }
-            // Fewer than a chunk: the range is copied out entirely.
-            _ => self.drained = true,
+        if taken.len() - before < want {
+            // Fewer than asked for: the range is copied out entirely.
+            self.drained = true;
+            return;
+        }
+        // The key taken last at this end bounds what is left.
+        if from_back {
+            let last = taken.front().map(|v| MemKey::new(v.key.clone()));
+            self.hi = last.map_or(Bound::Unbounded, Bound::Excluded);
+        } else {
+            let last = taken.back().map(|v| MemKey::new(v.key.clone()));
+            self.lo = last.map_or(Bound::Unbounded, Bound::Excluded);
         }
     }
 }
