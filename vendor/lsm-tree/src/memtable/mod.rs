@@ -252,15 +252,16 @@ impl Memtable {
             .items
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // eventfold patch: under the write lock, which the filter's construction takes
+        // too: a key is either in the B-tree when the filter is built from it, or added to
+        // the filter here.
+        if let Some(filter) = self.filter.get() {
+            filter.insert(&key.user_key);
+        }
         // eventfold patch: a key written twice with one seqno (twice in one batch) keeps
         // the last write, its value type included. `BTreeMap::insert` would keep the first
         // key and only replace the value: a tombstone's empty value under a `Value` key.
         // The skiplist replaced the whole entry.
-        // Under the write lock, which the filter's construction takes too: a key is either
-        // in the B-tree when the filter is built from it, or added to the filter here.
-        if let Some(filter) = self.filter.get() {
-            filter.insert(&key.user_key);
-        }
         match items.entry(MemKey::new(key)) {
             std::collections::btree_map::Entry::Vacant(slot) => {
                 slot.insert(item.value);
