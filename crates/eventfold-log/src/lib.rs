@@ -242,6 +242,13 @@ pub trait Log: Send + Sync + 'static {
     }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
+    /// Waits (a bounded time: 5 s in the Kafka log) until every commit that others may
+    /// already see is in the local store too, so that a read of the store made next
+    /// sees every write acknowledged anywhere before this call. Kafka: a transaction is
+    /// visible (another instance may answer its outcome from the results topic) before
+    /// the committer writes it to the local store. Logs that write both at once return at
+    /// once.
+    async fn applied(&self) {}
     /// Waits (bounded by the backend's operation timeout) until every transaction that had
     /// written to `topic`/`partition` when this was called is decided, so that the end
     /// offset taken next covers all of them: a partition's new owner calls it before it

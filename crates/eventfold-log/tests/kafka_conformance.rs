@@ -390,6 +390,53 @@ async fn resume_lifts_the_fence_of_a_unit_that_also_wrote_to_another_partition()
     assert_eq!(got.last().map(Vec::as_slice), Some(&b"resumed"[..]), "{got:?}");
 }
 
+/// Another instance can see a transaction (and answer a command's outcome from it) before
+/// the committer has written it to its local store; `applied` waits for that write, so a
+/// local read made after it sees every transaction others could see before it was called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applied_waits_until_visible_transactions_are_in_the_local_store() {
+    let bootstrap = require_broker();
+    let prefix = format!("applied-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let o = options(&bootstrap, 2, &prefix);
+    let delay = o.faults.local_write_delay_ms.clone();
+    let log = Arc::new(open_log(o, &dir, "a").await);
+    let mut reader_options = options(&bootstrap, 2, &prefix);
+    reader_options.transactional_id = format!("{prefix}-reader");
+    let reader = open_log(reader_options, &dir, "b").await;
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+    log.applied().await;
+    delay.store(3_000, std::sync::atomic::Ordering::Relaxed);
+    let mut unit = one(&t, 0, b"second".to_vec());
+    unit.local.put_meta("probe", 7);
+    let committing = tokio::spawn({
+        let log = log.clone();
+        async move { log.commit(unit).await }
+    });
+    // The other instance sees the transaction...
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while reader.read(&t, 0, 0, 10).await.unwrap().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the transaction never became visible"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...while this instance's store does not hold it yet (the committer waits 3 s).
+    assert_eq!(log.store().get_meta("probe").unwrap(), None);
+    let waited = std::time::Instant::now();
+    log.applied().await;
+    assert_eq!(
+        log.store().get_meta("probe").unwrap(),
+        Some(7),
+        "read after `applied` ({:?})",
+        waited.elapsed()
+    );
+    delay.store(0, std::sync::atomic::Ordering::Relaxed);
+    committing.await.unwrap().unwrap();
+}
+
 /// A second instance with the same transactional id fences the first, which then refuses
 /// every unit (fail-stop) while the second commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

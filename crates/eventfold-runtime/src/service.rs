@@ -314,6 +314,8 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
 
     async fn state(&self, id: &str) -> Result<Option<StateView>> {
         check_id(id)?;
+        // Every write acknowledged anywhere before this read is in the store (Kafka).
+        self.log.applied().await;
         let Some(row) = self.log.store().get_state(A::TYPE, id)? else {
             return Ok(None);
         };
@@ -336,6 +338,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
 
     async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>> {
         check_id(id)?;
+        self.log.applied().await;
         let rows = self
             .log
             .store()

@@ -224,6 +224,10 @@ pub(in crate::kafka) struct Committer {
     seq: u64,
     /// What failed units fence (`Job::fence_keys`), and why they failed.
     fenced: HashMap<TopicPartition, String>,
+    /// Taken just before a transaction's commit, dropped once its group is written here
+    /// (or failed): others may see the transaction before `finish` writes it to the local
+    /// store, and local reads wait for it (`Log::applied`).
+    applying: std::cell::Cell<Option<super::ApplyTicket>>,
 }
 
 impl Committer {
@@ -243,6 +247,7 @@ impl Committer {
             turn: 0,
             seq: 0,
             fenced: HashMap::new(),
+            applying: std::cell::Cell::new(None),
         }
     }
 
@@ -271,6 +276,8 @@ impl Committer {
             }
             let started = Instant::now();
             self.commit_group(jobs);
+            // Written here or failed: local reads waiting for it go on.
+            drop(self.applying.take());
             self.stats
                 .busy_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -448,6 +455,10 @@ impl Committer {
         // No fsync: Kafka holds the committed truth and the batch carries its own
         // checkpoints, so a batch lost to a machine crash only makes the next restore
         // replay a little more from the topics (the store is a cache, DESIGN §3).
+        let delay = self.shared.options.faults.local_write_delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
         let store_started = Instant::now();
         let stored = self.store.commit(batch, false);
         let group_us = write_started.elapsed().as_micros() as u64;
@@ -620,6 +631,8 @@ impl Committer {
             std::thread::sleep(Duration::from_micros(200));
         }
         let t3 = Instant::now();
+        // From here others may see the transaction (an unknown outcome included).
+        self.applying.set(Some(self.shared.applying.begin()));
         let faults = &self.shared.options.faults.commit_timeouts;
         if faults
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))

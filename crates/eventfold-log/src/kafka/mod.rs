@@ -170,6 +170,9 @@ pub struct Faults {
     /// fails as a timed-out commit (the outcome left unknown, even when librdkafka managed
     /// to answer in time), and the count drops by one.
     pub commit_timeouts: Arc<AtomicU64>,
+    /// Milliseconds the committer waits between a transaction's commit and its local
+    /// store write (0: none): widens the window [`Log::applied`] closes.
+    pub local_write_delay_ms: Arc<AtomicU64>,
 }
 
 impl KafkaOptions {
@@ -248,7 +251,89 @@ struct Shared {
     /// Why the log stopped (fenced, or the local store failed after a commit): set by any
     /// committer lane, it stops them all (a fenced instance is a zombie as a whole).
     poisoned: Mutex<Option<String>>,
+    /// Commit groups between their transaction's commit and their local store write.
+    applying: Arc<Applying>,
 }
+
+/// The commit groups whose transaction others may already see (another instance answers
+/// a command's outcome from the results topic once the transaction commits) while the
+/// committer has not yet written it to the local store: [`Log::applied`] waits for the
+/// ones that began before it was called.
+#[derive(Default)]
+struct Applying {
+    state: Mutex<ApplyingState>,
+    done: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct ApplyingState {
+    /// The ticket the next group gets.
+    next: u64,
+    /// Tickets of the groups not yet written locally (or failed).
+    pending: std::collections::BTreeSet<u64>,
+}
+
+/// A group's ticket: ends (and wakes the waiters) when dropped, whatever the outcome.
+pub(in crate::kafka) struct ApplyTicket {
+    applying: Arc<Applying>,
+    ticket: u64,
+}
+
+impl Drop for ApplyTicket {
+    fn drop(&mut self) {
+        self.applying
+            .state
+            .lock()
+            .expect("applying lock")
+            .pending
+            .remove(&self.ticket);
+        self.applying.done.notify_waiters();
+    }
+}
+
+impl Applying {
+    /// Called before a group's transaction is committed; dropped after its local write.
+    fn begin(self: &Arc<Self>) -> ApplyTicket {
+        let mut state = self.state.lock().expect("applying lock");
+        let ticket = state.next;
+        state.next += 1;
+        state.pending.insert(ticket);
+        ApplyTicket {
+            applying: self.clone(),
+            ticket,
+        }
+    }
+
+    /// Whether every group with a ticket below `limit` has ended.
+    fn ended_below(&self, limit: u64) -> bool {
+        let state = self.state.lock().expect("applying lock");
+        state.pending.first().is_none_or(|first| *first >= limit)
+    }
+
+    /// Waits until every group that began before this call has ended, at most `bound`.
+    async fn wait(&self, bound: Duration) {
+        let limit = self.state.lock().expect("applying lock").next;
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.ended_below(limit) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(
+                    waited_ms = bound.as_millis() as u64,
+                    "a committed transaction is not in the local store yet; reading without it"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// How long a local read waits for committed transactions to reach the local store.
+const APPLIED_WAIT: Duration = Duration::from_secs(5);
 
 impl Shared {
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
@@ -365,6 +450,7 @@ impl KafkaLog {
             clients,
             committed_ends: Mutex::new(HashMap::new()),
             poisoned: Mutex::new(None),
+            applying: Arc::default(),
         });
         let stats = Arc::new(Stats::default());
         let lanes = shared.options.committers;
@@ -459,6 +545,7 @@ impl KafkaLog {
                 clients,
                 committed_ends: Mutex::new(HashMap::new()),
                 poisoned: Mutex::new(None),
+                applying: Arc::default(),
             }),
             store,
             tx: Vec::new(),
@@ -621,6 +708,10 @@ impl Log for KafkaLog {
         self.shared.check_partition(topic, partition)?;
         let topic = topic.to_owned();
         self.blocking(move |s| s.settle(&topic, partition)).await
+    }
+
+    async fn applied(&self) {
+        self.shared.applying.wait(APPLIED_WAIT).await;
     }
 
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
