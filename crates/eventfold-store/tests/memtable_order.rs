@@ -1,10 +1,10 @@
 //! The memtable's key order (vendor/lsm-tree's `MemKey`: the first 48 bytes of a key held
 //! in the memtable's B-tree node, compared before the whole key) must be exactly the byte
-//! order of the keys. Keys here are chosen to break a wrong comparison: lengths on both sides of
-//! the 48-byte head and of the 20 bytes the byte type keeps inline, runs of 0x00 (a key
-//! and the same key followed by zeros have equal padded heads), 0xff, shared prefixes
-//! longer than the head, overwrites (newer entries of one key must come first) and
-//! deletes. The index keys of a unique view index are `view 0 index 0 value` with the
+//! order of the keys. Keys here are chosen to break a wrong comparison: lengths on both
+//! sides of the 48-byte head and of the 20 bytes the byte type keeps inline, runs of 0x00
+//! (a key and the same key followed by zeros have equal padded heads), 0xff, shared
+//! prefixes longer than the head, overwrites (newer entries of one key must come first)
+//! and deletes. The index keys of a unique view index are `view 0 index 0 value` with the
 //! value's bytes as given, so the test controls every byte.
 
 use eventfold_store::{Batch, Store, StoreOptions};

@@ -1,6 +1,6 @@
 //! Reads through the memtable. The vendored lsm-tree keeps a memtable in a B-tree whose
-//! iterators copy out a chunk of 128 entries per read lock and resume after the last key
-//! taken at each end, and answers a point read of a key its Bloom filter has not seen
+//! iterators copy out a chunk of entries per read lock (16 at first, doubling up to 256)
+//! and resume after the last key taken at each end, and answers a point read of a key its Bloom filter has not seen
 //! without searching (vendor/README.md). These tests read far more than a chunk,
 //! forwards, backwards and bounded on both sides, and point reads between writes, in the
 //! memtable and again after a flush or a reopen, and compare every answer with a model: a

@@ -248,10 +248,7 @@ impl Memtable {
 
         let value_type = item.key.value_type;
         let key = InternalKey::new(item.key.user_key, item.key.seqno, value_type);
-        let mut items = self
-            .items
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut items = write(&self.items);
         // eventfold patch: under the write lock, which the filter's construction takes
         // too: a key is either in the B-tree when the filter is built from it, or added to
         // the filter here.
@@ -287,10 +284,7 @@ impl Memtable {
         if let Some(filter) = self.filter.get() {
             return filter;
         }
-        let items = self
-            .items
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let items = write(&self.items);
         let filter = self.filter.get_or_init(|| {
             let filter = KeyFilter::new();
             for key in items.keys() {
@@ -317,12 +311,21 @@ impl Memtable {
 
 /// eventfold patch: the read lock of a memtable's items; a panic elsewhere cannot leave the
 /// B-tree half-changed (`BTreeMap::insert` either inserts or unwinds before touching it),
-/// so a poisoned lock is used as is.
+/// so a poisoned lock is used as is (by [`write`] too).
 fn read(
     items: &RwLock<BTreeMap<MemKey, UserValue>>,
 ) -> std::sync::RwLockReadGuard<'_, BTreeMap<MemKey, UserValue>> {
     items
         .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// eventfold patch: the write lock of a memtable's items (see [`read`]).
+fn write(
+    items: &RwLock<BTreeMap<MemKey, UserValue>>,
+) -> std::sync::RwLockWriteGuard<'_, BTreeMap<MemKey, UserValue>> {
+    items
+        .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
