@@ -14,6 +14,12 @@ impl FilterBlock {
     }
 
     pub fn maybe_contains_hash(&self, hash: u64) -> crate::Result<bool> {
+        // eventfold patch: the filter type byte picks the reader (blocked filters since
+        // eventfold's lsm-tree change 7; tables written before keep standard ones).
+        let filter_type = self.0.data.get(crate::file::MAGIC_BYTES.len()).copied();
+        if filter_type == Some(u8::from(super::FilterType::Blocked)) {
+            return Ok(super::blocked::Reader::new(&self.0.data)?.contains_hash(hash));
+        }
         Ok(StandardBloomFilterReader::new(&self.0.data)?.contains_hash(hash))
     }
 

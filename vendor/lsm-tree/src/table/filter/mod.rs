@@ -5,6 +5,7 @@
 pub mod bit_array;
 pub mod block;
 // pub mod blocked_bloom;
+pub mod blocked;
 pub mod standard_bloom;
 
 use standard_bloom::Builder as StandardBloomFilterBuilder;
@@ -66,6 +67,9 @@ impl BloomConstructionPolicy {
 enum FilterType {
     StandardBloom,
     BlockedBloom,
+    /// eventfold patch: [`blocked`]'s filter (upstream's `BlockedBloom`, tag 1, is not
+    /// written by this version; a tag of its own keeps the two apart).
+    Blocked,
 }
 
 impl TryFrom<u8> for FilterType {
@@ -75,6 +79,7 @@ impl TryFrom<u8> for FilterType {
         match value {
             0 => Ok(Self::StandardBloom),
             1 => Ok(Self::BlockedBloom),
+            16 => Ok(Self::Blocked),
             _ => Err(crate::Error::InvalidTag(("FilterType", value))),
         }
     }
@@ -85,6 +90,7 @@ impl From<FilterType> for u8 {
         match value {
             FilterType::StandardBloom => 0,
             FilterType::BlockedBloom => 1,
+            FilterType::Blocked => 16,
         }
     }
 }
