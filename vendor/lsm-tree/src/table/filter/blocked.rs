@@ -85,13 +85,14 @@ impl Builder {
         }
     }
 
-    /// A filter for `n` keys with about `fpr` false positives: the bits per key a standard
-    /// filter needs for it, a fifth more (a blocked filter's bits are less evenly used).
+    /// A filter for `n` keys with about `fpr` false positives: the bits a standard filter
+    /// needs for it, a fifth more (a blocked filter's bits are less evenly used).
     #[must_use]
     pub fn with_fp_rate(n: usize, fpr: f32) -> Self {
-        let fpr = fpr.clamp(0.000_000_1, 0.5);
-        let ln2_squared = std::f32::consts::LN_2 * std::f32::consts::LN_2;
-        Self::with_bpk(n, -fpr.ln() / ln2_squared * 1.2)
+        let n = n.max(1);
+        let bits = super::standard_bloom::Builder::calculate_m(n, fpr.clamp(0.000_000_1, 0.5));
+        #[expect(clippy::cast_precision_loss, reason = "bits per key need not be exact")]
+        Self::with_bpk(n, bits as f32 / n as f32 * 1.2)
     }
 
     /// Adds a key by its hash (`standard_bloom::Builder::get_hash`).

@@ -33,6 +33,15 @@ impl BloomConstructionPolicy {
         }
     }
 
+    /// eventfold patch: the [`blocked`] filter builder for `n` keys under this policy.
+    #[must_use]
+    pub fn init_blocked(&self, n: usize) -> blocked::Builder {
+        match self {
+            Self::BitsPerKey(bpk) => blocked::Builder::with_bpk(n, *bpk),
+            Self::FalsePositiveRate(fpr) => blocked::Builder::with_fp_rate(n, *fpr),
+        }
+    }
+
     #[must_use]
     pub fn is_active(&self) -> bool {
         match self {

@@ -6,10 +6,7 @@ use super::FilterWriter;
 use crate::{
     checksum::ChecksummedWriter,
     config::BloomConstructionPolicy,
-    table::{
-        filter::{blocked::Builder as Blocked, standard_bloom::Builder},
-        Block,
-    },
+    table::{filter::standard_bloom::Builder, Block},
     CompressionType, UserKey,
 };
 use std::{fs::File, io::BufWriter};
@@ -73,12 +70,7 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
             // eventfold patch: a blocked filter, one cache line per key (lsm-tree change 7
             // in eventfold's vendor/README.md).
             let filter_bytes = {
-                let mut builder = match self.bloom_policy {
-                    BloomConstructionPolicy::BitsPerKey(bpk) => Blocked::with_bpk(n, bpk),
-                    BloomConstructionPolicy::FalsePositiveRate(fpr) => {
-                        Blocked::with_fp_rate(n, fpr)
-                    }
-                };
+                let mut builder = self.bloom_policy.init_blocked(n);
 
                 for hash in self.bloom_hash_buffer {
                     builder.set_with_hash(hash);
