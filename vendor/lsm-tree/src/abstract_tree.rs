@@ -95,18 +95,30 @@ pub trait AbstractTree {
 
         let flushed_size = latest.sealed_memtables.iter().map(|mt| mt.size()).sum();
 
-        let merger = Merger::new(
-            latest
-                .sealed_memtables
-                .iter()
-                .map(|mt| mt.iter().map(Ok))
-                .collect::<Vec<_>>(),
-        );
-        let stream = CompactionStream::new(merger, seqno_threshold);
-
         drop(version_history);
 
-        if let Some((tables, blob_files)) = self.flush_to_tables(stream)? {
+        // eventfold patch: one sealed memtable (the usual case: each is flushed soon after
+        // its rotation) is already one sorted stream; a merger of one source would only
+        // move every item through its heap.
+        let flushed = if latest.sealed_memtables.len() == 1 {
+            let only = latest
+                .sealed_memtables
+                .iter()
+                .next()
+                .expect("one sealed memtable");
+            self.flush_to_tables(CompactionStream::new(only.iter().map(Ok), seqno_threshold))?
+        } else {
+            let merger = Merger::new(
+                latest
+                    .sealed_memtables
+                    .iter()
+                    .map(|mt| mt.iter().map(Ok))
+                    .collect::<Vec<_>>(),
+            );
+            self.flush_to_tables(CompactionStream::new(merger, seqno_threshold))?
+        };
+
+        if let Some((tables, blob_files)) = flushed {
             self.register_tables(
                 &tables,
                 blob_files.as_deref(),

@@ -5,7 +5,7 @@
 use super::{filter::BloomConstructionPolicy, writer::Writer};
 use crate::{
     blob_tree::handle::BlobIndirection, table::writer::LinkedFile, value::InternalValue,
-    vlog::BlobFileId, Checksum, CompressionType, HashMap, SequenceNumberCounter, TableId, UserKey,
+    vlog::BlobFileId, Checksum, CompressionType, HashMap, SequenceNumberCounter, TableId,
 };
 use std::path::PathBuf;
 
@@ -41,8 +41,6 @@ pub struct MultiWriter {
     pub index_block_compression: CompressionType,
 
     bloom_policy: BloomConstructionPolicy,
-
-    current_key: Option<UserKey>,
 
     linked_blobs: HashMap<BlobFileId, LinkedFile>,
 
@@ -87,8 +85,6 @@ impl MultiWriter {
             use_partitioned_filter: false,
 
             bloom_policy: BloomConstructionPolicy::default(),
-
-            current_key: None,
 
             linked_blobs: HashMap::default(),
         })
@@ -221,14 +217,13 @@ impl MultiWriter {
 
     /// Writes an item
     pub fn write(&mut self, item: InternalValue) -> crate::Result<()> {
-        let is_next_key = self.current_key.as_ref() < Some(&item.key.user_key);
+        // eventfold patch: compared with the current writer's last key instead of a clone
+        // of every new key kept here. A new writer (after `rotate`) has none, and its first
+        // item is a new key, as it was here.
+        let is_next_key = self.writer.current_key() < Some(&item.key.user_key);
 
-        if is_next_key {
-            self.current_key = Some(item.key.user_key.clone());
-
-            if *self.writer.meta.file_pos >= self.target_size {
-                self.rotate()?;
-            }
+        if is_next_key && *self.writer.meta.file_pos >= self.target_size {
+            self.rotate()?;
         }
 
         self.writer.write(item)?;

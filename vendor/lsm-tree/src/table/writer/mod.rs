@@ -87,7 +87,11 @@ pub struct Writer {
     bloom_policy: BloomConstructionPolicy,
 
     /// Tracks the previously written item to detect weak tombstone/value pairs
-    previous_item: Option<(UserKey, ValueType)>,
+    ///
+    /// eventfold patch: only its value type; its key is `current_key` (the items come
+    /// sorted), which saved a key clone per item (a reference count taken and released
+    /// on the key's allocation) in every flush and compaction.
+    previous_type: Option<ValueType>,
 
     linked_blob_files: Vec<LinkedFile>,
 
@@ -137,7 +141,7 @@ impl Writer {
 
             bloom_policy: BloomConstructionPolicy::default(),
 
-            previous_item: None,
+            previous_type: None,
 
             linked_blob_files: Vec::new(),
         })
@@ -233,6 +237,11 @@ impl Writer {
         self
     }
 
+    /// eventfold patch: the key of the last item written, if any.
+    pub(crate) fn current_key(&self) -> Option<&UserKey> {
+        self.current_key.as_ref()
+    }
+
     /// Writes an item.
     ///
     /// # Note
@@ -243,7 +252,7 @@ impl Writer {
     pub fn write(&mut self, item: InternalValue) -> crate::Result<()> {
         let value_type = item.key.value_type;
         let seqno = item.key.seqno;
-        let user_key = item.key.user_key.clone();
+        let user_key = &item.key.user_key;
         let value_len = item.value.len();
 
         if item.is_tombstone() {
@@ -254,17 +263,18 @@ impl Writer {
             self.meta.weak_tombstone_count += 1;
         }
 
-        if value_type == ValueType::Value {
-            if let Some((prev_key, prev_type)) = &self.previous_item {
-                if prev_type == &ValueType::WeakTombstone && prev_key.as_ref() == user_key.as_ref()
-                {
-                    self.meta.weak_tombstone_reclaimable_count += 1;
-                }
-            }
+        // eventfold patch: the previous item's key is `current_key` (see `previous_type`).
+        let same_key = self.current_key.as_ref() == Some(user_key);
+
+        if value_type == ValueType::Value
+            && same_key
+            && self.previous_type == Some(ValueType::WeakTombstone)
+        {
+            self.meta.weak_tombstone_reclaimable_count += 1;
         }
 
         // NOTE: Check if we visit a new key
-        if Some(&user_key) != self.current_key.as_ref() {
+        if !same_key {
             self.meta.key_count += 1;
             self.current_key = Some(user_key.clone());
 
@@ -273,7 +283,7 @@ impl Writer {
             // of the same key
 
             if self.bloom_policy.is_active() {
-                self.filter_writer.register_key(&user_key)?;
+                self.filter_writer.register_key(user_key)?;
             }
         }
 
@@ -283,7 +293,7 @@ impl Writer {
 
         self.chunk_size += user_key.len() + value_len;
         self.chunk.push(item);
-        self.previous_item = Some((user_key, value_type));
+        self.previous_type = Some(value_type);
 
         if self.chunk_size >= self.data_block_size as usize {
             self.spill_block()?;
