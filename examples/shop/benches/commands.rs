@@ -2,7 +2,8 @@
 //! fsync on, driven by N concurrent submitters without HTTP. Prints the median of runs.
 //!
 //! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]
-//! [--fsync 1] [--committer-nice -10] [--background-nice 10] [--huge-pages 0]`
+//! [--fsync 1] [--committer-nice -10] [--background-nice 10] [--huge-pages 0]
+//! [--cache-limit 100000]`
 
 use eventfold::log::embedded::{EmbeddedLog, Options};
 use eventfold::log::priority::Applied;
@@ -32,7 +33,21 @@ struct Nice {
     background: i32,
 }
 
-async fn run_once(concurrency: u64, seconds: u64, fsync: bool, nice: Nice) -> (f64, Vec<u64>) {
+/// What a run varies besides the load.
+#[derive(Clone, Copy)]
+struct Setup {
+    fsync: bool,
+    nice: Nice,
+    /// `RuntimeOptions::cache_limit`: aggregates kept in memory per partition.
+    cache_limit: usize,
+}
+
+async fn run_once(concurrency: u64, seconds: u64, setup: Setup) -> (f64, Vec<u64>) {
+    let Setup {
+        fsync,
+        nice,
+        cache_limit,
+    } = setup;
     let dir = tempfile::tempdir().unwrap();
     let store_options = StoreOptions {
         background_nice: nice.background,
@@ -57,6 +72,7 @@ async fn run_once(concurrency: u64, seconds: u64, fsync: bool, nice: Nice) -> (f
     let log: Arc<dyn eventfold::log::Log> = Arc::new(log);
     let rt = Runtime::builder(RuntimeOptions {
         app_id: "bench".into(),
+        cache_limit,
         ..Default::default()
     })
     .aggregate::<Order>(())
@@ -125,6 +141,12 @@ fn main() {
     };
     // As the shop binary does; `--huge-pages 1` keeps them, to compare.
     let huge_pages = arg("--huge-pages", 0u64) == 1;
+    let cache_limit = arg("--cache-limit", RuntimeOptions::default().cache_limit);
+    let setup = Setup {
+        fsync,
+        nice,
+        cache_limit,
+    };
     if !huge_pages {
         eventfold::process::disable_transparent_huge_pages().expect("prctl(PR_SET_THP_DISABLE)");
     }
@@ -133,13 +155,13 @@ fn main() {
         .build()
         .unwrap();
     eprintln!(
-        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {}, background nice {}, huge pages {huge_pages}, {} cores",
+        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {}, background nice {}, huge pages {huge_pages}, cache limit {cache_limit}, {} cores",
         nice.committer,
         nice.background,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let mut results: Vec<(f64, Vec<u64>)> = (0..runs)
-        .map(|_| rt.block_on(run_once(concurrency, seconds, fsync, nice)))
+        .map(|_| rt.block_on(run_once(concurrency, seconds, setup)))
         .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (tput, pcts) = &results[results.len() / 2];
