@@ -586,6 +586,15 @@ mod compatibility {
         640a0065662d76657273696f6e0100000032030000006f2d31190000007b2274797065223a224f72646572436f6e66\
         69726d6564227d";
 
+    /// What every fixture holds: key `o-1`, value `{"type":"OrderConfirmed"}`, timestamp
+    /// 1700000000000 and `ef-type: OrderConfirmed`.
+    fn assert_order_confirmed(r: &Record) {
+        assert_eq!(r.key, b"o-1");
+        assert_eq!(r.value, br#"{"type":"OrderConfirmed"}"#);
+        assert_eq!(r.timestamp_ms, 1_700_000_000_000);
+        assert_eq!(r.header_str("ef-type"), Some("OrderConfirmed"));
+    }
+
     fn unhex(s: &str) -> Vec<u8> {
         (0..s.len())
             .step_by(2)
@@ -610,9 +619,7 @@ mod compatibility {
     fn reads_v3_records() {
         let bytes = unhex(RECORD_V3);
         let r = decode_framed_record(&bytes).expect("v3 record");
-        assert_eq!(r.key, b"o-1");
-        assert_eq!(r.value, br#"{"type":"OrderConfirmed"}"#);
-        assert_eq!(r.timestamp_ms, 1_700_000_000_000);
+        assert_order_confirmed(&r);
         let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(
             names,
@@ -624,7 +631,6 @@ mod compatibility {
                 "x-tenant"
             ]
         );
-        assert_eq!(r.header_str("ef-type"), Some("OrderConfirmed"));
         assert_eq!(r.header_str("ef-aggregate-id"), Some("o-1"));
         assert_eq!(r.header_str("ef-command-id"), Some("c-42"));
         assert_eq!(r.header_str("ef-causation-id"), Some("c-42"));
@@ -637,10 +643,7 @@ mod compatibility {
     fn reads_v2_records() {
         let bytes = unhex(RECORD_V2);
         let r = decode_framed_record(&bytes).expect("v2 record");
-        assert_eq!(r.key, b"o-1");
-        assert_eq!(r.value, br#"{"type":"OrderConfirmed"}"#);
-        assert_eq!(r.timestamp_ms, 1_700_000_000_000);
-        assert_eq!(r.header_str("ef-type"), Some("OrderConfirmed"));
+        assert_order_confirmed(&r);
         assert_eq!(r.header_str("ef-version"), Some("2"));
         assert_eq!(r.header_str("x-tenant"), Some("acme"));
         // Written again, it is v3 and reads back the same.
@@ -664,10 +667,7 @@ mod compatibility {
         let r = decode_record(unframe(&bytes).expect("v1 frame")).expect("v1 record");
         // As the store reads its log: either format.
         assert_eq!(decode_framed_record(&bytes).expect("v1 record"), r);
-        assert_eq!(r.key, b"o-1");
-        assert_eq!(r.value, br#"{"type":"OrderConfirmed"}"#);
-        assert_eq!(r.timestamp_ms, 1_700_000_000_000);
-        assert_eq!(r.header_str("ef-type"), Some("OrderConfirmed"));
+        assert_order_confirmed(&r);
         assert_eq!(r.header_str("ef-version"), Some("2"));
         // And the current encoder still writes exactly these bytes.
         assert_eq!(framed(&encode_record(&r)).to_vec(), bytes);
