@@ -257,6 +257,38 @@ mod tests {
     use crate::{config::CompressionPolicy, AbstractTree, Config, SeqNo, SequenceNumberCounter};
     use test_log::test;
 
+    // eventfold patch: the writer keeps the previous item's value type only, its key being
+    // the current key: a weak tombstone over a value of the same key is still counted
+    // reclaimable, and one before another key's value is not.
+    #[test]
+    fn table_writer_counts_weak_tombstones_over_values_of_their_key() -> crate::Result<()> {
+        let folder = tempfile::tempdir()?;
+
+        let tree = Config::new(
+            &folder,
+            SequenceNumberCounter::default(),
+            SequenceNumberCounter::default(),
+        )
+        .open()?;
+
+        tree.insert("a", "old", 0);
+        tree.remove_weak("a", 1);
+        tree.remove_weak("b", 2);
+        tree.insert("c", "x", 3);
+        tree.insert("d", "y", 4);
+        tree.remove_weak("d", 5);
+        tree.insert("d", "z", 6);
+        tree.flush_active_memtable(0)?;
+
+        assert_eq!(1, tree.table_count());
+        assert_eq!(3, tree.weak_tombstone_count());
+        // `a` (tombstone at 1 over the value at 0) and `d` (at 5 over the value at 4);
+        // not `b` before `c`'s value, nor `d`'s newest value over the tombstone.
+        assert_eq!(2, tree.weak_tombstone_reclaimable_count());
+
+        Ok(())
+    }
+
     // NOTE: Tests that versions of the same key stay
     // in the same table even if it needs to be rotated
     //
