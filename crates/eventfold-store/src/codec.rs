@@ -14,7 +14,7 @@ use eventfold_core::envelope::{STANDARD_NAME, headers};
 use eventfold_core::{Record, RecordRef};
 use fjall::Slice;
 
-/// The frame format of every value but v2 log records; v1 log record payloads.
+/// The frame format of every value but v2 and v3 log records; v1 log record payloads.
 pub const FORMAT_V1: u8 = 1;
 
 /// The frame format of log records laid out as `decode_record_v2` reads them (written by
@@ -105,9 +105,14 @@ pub fn framed_record(r: &Record) -> Slice {
     Slice::from(out)
 }
 
+/// How many headers before a value [`value_ref`] looks through for the same value: the
+/// standard ones are 10, and a record with thousands of headers must not cost a
+/// quadratic search.
+const REPEAT_WINDOW: usize = 32;
+
 /// What header `i`'s value is written as in v3: a reference to the key (0) or to an
-/// earlier header `j` (`j + 1`) with the same value, or `None` (the bytes themselves).
-/// Values under 2 bytes are not worth a reference.
+/// earlier header `j` (`j + 1`, one of the [`REPEAT_WINDOW`] first) with the same value,
+/// or `None` (the bytes themselves). Values under 2 bytes are not worth a reference.
 fn value_ref(r: &Record, i: usize) -> Option<usize> {
     let v = &r.headers[i].1;
     if v.len() < 2 {
@@ -116,7 +121,7 @@ fn value_ref(r: &Record, i: usize) -> Option<usize> {
     if r.key == *v {
         return Some(0);
     }
-    r.headers[..i]
+    r.headers[..i.min(REPEAT_WINDOW)]
         .iter()
         .position(|(_, earlier)| earlier == v)
         .map(|j| j + 1)
@@ -164,7 +169,7 @@ fn encode_record_v3(r: &Record, w: &mut Writer<'_>) {
     w.varint(r.headers.len());
     for (i, (k, v)) in r.headers.iter().enumerate() {
         match headers::index(k.as_bytes()) {
-            Some(i) => w.put(&[i as u8 + 1]),
+            Some(standard) => w.put(&[standard as u8 + 1]),
             None => {
                 w.put(&[0]);
                 w.varint(k.len());
@@ -470,6 +475,26 @@ mod tests {
             4 + 36 + 36 + 4,
             "v3 {bytes} bytes, spelled out {spelled_out}"
         );
+    }
+
+    #[test]
+    fn v3_repeats_only_values_within_the_window_and_reads_every_header_back() {
+        let mut r = event_with_ids();
+        let id = r.headers[1].1.clone();
+        for n in 0..100 {
+            // Copies of header 1 (in the window), and one value at headers 50 and 60:
+            // past the window, the second is spelled out again.
+            let value = if n == 40 || n == 50 { b"zz".to_vec() } else { id.clone() };
+            r.headers.push((format!("x-{n}").into(), value));
+        }
+        let bytes = framed_record(&r).to_vec();
+        assert_eq!(decode_framed_record(&bytes).unwrap(), r);
+        // Per added header: code 0, the name's length and the name; then a 1-byte
+        // reference for 98 of them and 3 bytes (length and `zz`) for the other two. The
+        // count (110) still takes one byte.
+        let names: usize = (0..100).map(|n| 2 + format!("x-{n}").len()).sum();
+        let without = framed_record(&event_with_ids()).len();
+        assert_eq!(bytes.len() - without, names + 98 + 2 * 3);
     }
 
     #[test]
