@@ -77,11 +77,23 @@ pub fn to_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
 /// Encodes an event and returns `(type name, JSON bytes)`.
 pub fn encode_event<E: serde::Serialize>(event: &E) -> (String, Vec<u8>) {
     let json = to_json(event);
-    let ty = match leading_type(&json) {
+    (event_type(&json), json)
+}
+
+/// Encodes an event as a JSON document and returns `(type name, document)`: for callers
+/// that hand the document on as JSON (an outcome's events), without the parse that
+/// validating the bytes of [`encode_event`] as a `RawValue` would take.
+pub fn encode_event_raw<E: serde::Serialize>(event: &E) -> (String, Box<serde_json::value::RawValue>) {
+    let raw = serde_json::value::to_raw_value(event).expect("event types must serialize to JSON");
+    (event_type(raw.get().as_bytes()), raw)
+}
+
+/// The `type` of an encoded event, `unknown` if it has none.
+fn event_type(json: &[u8]) -> String {
+    match leading_type(json) {
         Some(t) => t.to_owned(),
-        None => type_of(&json, "event").unwrap_or_else(|_| "unknown".to_owned()),
-    };
-    (ty, json)
+        None => type_of(json, "event").unwrap_or_else(|_| "unknown".to_owned()),
+    }
 }
 
 #[cfg(test)]
@@ -145,5 +157,16 @@ mod tests {
         let (ty, json) = encode_event(&Cmd::Reset);
         assert_eq!(ty, "Reset");
         assert_eq!(json, br#"{"type":"Reset"}"#);
+        // The document form: the same type and bytes.
+        for (event, bytes) in [(Cmd::Reset, &json[..]), (Cmd::Add { n: 3 }, br#"{"type":"Add","n":3}"#)] {
+            let (ty, raw) = encode_event_raw(&event);
+            assert_eq!(
+                (ty.as_str(), raw.get().as_bytes()),
+                (encode_event(&event).0.as_str(), bytes)
+            );
+        }
+        // An event without a type field.
+        let (ty, raw) = encode_event_raw(&std::collections::BTreeMap::from([("n", 1)]));
+        assert_eq!((ty.as_str(), raw.get()), ("unknown", r#"{"n":1}"#));
     }
 }

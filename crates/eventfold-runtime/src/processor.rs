@@ -12,7 +12,6 @@ use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, R
 use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
 use eventfold_store::Batch;
 use foldhash::HashMap;
-use serde_json::value::RawValue;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1359,10 +1358,10 @@ fn event_record<A: Aggregate>(
     event: &A::Event,
     now: i64,
 ) -> (EventView, Append) {
-    let (event_type, json) = codec::encode_event(event);
+    // Serialized once, as the reply's document; the record's value copies its bytes.
+    let (event_type, payload) = codec::encode_event_raw(event);
+    let json = payload.get().as_bytes().to_vec();
     let event_id = uuid::Uuid::now_v7().to_string();
-    let payload = RawValue::from_string(String::from_utf8(json.clone()).expect("serde_json writes UTF-8"))
-        .expect("serde_json writes JSON");
     let record = Record {
         key: ids.aggregate.as_bytes().to_vec(),
         value: json,
