@@ -256,7 +256,7 @@ pub(crate) struct Processor<A: Aggregate> {
     /// state that did not become durable.
     cache: HashMap<String, Cached<A>>,
     inflight: VecDeque<InFlight>,
-    /// Command id -> (index into `inflight` counted from `inflight_base`, slot).
+    /// Command id of a keyed command -> (index into `inflight` counted from `inflight_base`, slot).
     inflight_ids: HashMap<String, (u64, usize)>,
     inflight_base: u64,
     events_end: u64,
@@ -907,17 +907,20 @@ impl<A: Aggregate> Processor<A> {
                 consumed_next = Some(consumed_next.map_or(next, |c| c.max(next)));
             }
             // The same command id again while its first copy is still committing, or
-            // twice in this batch: every caller gets the one outcome.
-            if let Some(&(seq, i)) = self.inflight_ids.get(&job.command_id) {
-                let batch = (seq - self.inflight_base) as usize;
-                self.inflight[batch].slots[i].replies.push(job.reply);
-                self.metrics.count(CommandOutcome::Duplicate, 1);
-                continue;
-            }
-            if let Some(&i) = by_command.get(&job.command_id) {
-                slots[i].replies.push(job.reply);
-                self.metrics.count(CommandOutcome::Duplicate, 1);
-                continue;
+            // twice in this batch: every caller gets the one outcome. (An unkeyed command's
+            // id is a fresh UUID: it has no copies, and is not tracked.)
+            if job.keyed {
+                if let Some(&(seq, i)) = self.inflight_ids.get(&job.command_id) {
+                    let batch = (seq - self.inflight_base) as usize;
+                    self.inflight[batch].slots[i].replies.push(job.reply);
+                    self.metrics.count(CommandOutcome::Duplicate, 1);
+                    continue;
+                }
+                if let Some(&i) = by_command.get(&job.command_id) {
+                    slots[i].replies.push(job.reply);
+                    self.metrics.count(CommandOutcome::Duplicate, 1);
+                    continue;
+                }
             }
             // Kafka mode, a record of the commands topic: its outcome goes to this results
             // partition (its sender listens there). A local caller is answered directly.
@@ -1108,7 +1111,9 @@ impl<A: Aggregate> Processor<A> {
                 }
             }
 
-            by_command.insert(job.command_id, slots.len());
+            if job.keyed {
+                by_command.insert(job.command_id, slots.len());
+            }
             slots.push(Slot {
                 pending: outcome,
                 replies: vec![job.reply],
