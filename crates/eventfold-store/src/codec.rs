@@ -314,16 +314,21 @@ fn decode_record_v3<'a>(buf: &'a [u8], at: &'a mut Vec<[u32; 4]>) -> Result<Reco
     at.clear();
     let mut r = Reader::new(buf);
     let timestamp_ms = r.i64()?;
+    let place = |part: &[u8]| {
+        [
+            (part.as_ptr() as usize - buf.as_ptr() as usize) as u32,
+            part.len() as u32,
+        ]
+    };
     let kl = r.varint()? as usize;
     let key = r.take(kl)?;
-    let key_at = [(key.as_ptr() as usize - buf.as_ptr() as usize) as u32, key.len() as u32];
+    let key_at = place(key);
     let n = r.varint()?;
     for _ in 0..n {
         let name = header_name(&mut r, buf)?;
         let tag = r.varint()? as usize;
         let value = if tag & 1 == 0 {
-            let v = r.take(tag >> 1)?;
-            [(v.as_ptr() as usize - buf.as_ptr() as usize) as u32, v.len() as u32]
+            place(r.take(tag >> 1)?)
         } else {
             match tag >> 1 {
                 0 => key_at,
@@ -339,7 +344,7 @@ fn decode_record_v3<'a>(buf: &'a [u8], at: &'a mut Vec<[u32; 4]>) -> Result<Reco
     Ok(RecordRef::encoded(key, value, timestamp_ms, buf, at))
 }
 
-/// Decodes a v2 payload (see [`encode_record_v2`]) as views into `buf`.
+/// Decodes a v2 payload (its layout is in the docs of [`encode_record_v3`]) as views into `buf`.
 fn decode_record_v2<'a>(buf: &'a [u8], at: &'a mut Vec<[u32; 4]>) -> Result<RecordRef<'a>, String> {
     at.clear();
     let mut r = Reader::new(buf);
@@ -629,7 +634,7 @@ mod compatibility {
 
     /// A framed v2 record: as [`RECORD_V1`] with a third header, `x-tenant: acme`, a name
     /// outside the standard ones. Produced by Python's `struct` and `zlib.crc32` from the
-    /// layout documented at `encode_record_v2`.
+    /// v2 layout documented at `encode_record_v3`.
     const RECORD_V2: &str = "f4e28df9020068e5cf8b01000003010e4f72646572436f6e6669726d65640401320008782d74656e616e\
         740461636d65036f2d317b2274797065223a224f72646572436f6e6669726d6564227d";
 
