@@ -122,6 +122,8 @@ pub mod mvcc_stream;
 
 mod path;
 
+mod prefetch;
+
 #[doc(hidden)]
 pub mod range;
 

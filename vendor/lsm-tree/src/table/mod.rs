@@ -226,6 +226,14 @@ impl Table {
         self.metadata.file_size
     }
 
+    /// eventfold patch: starts loading the cache line of a pinned filter that
+    /// [`Self::get`] will read for `key_hash` (see `Tree::get_internal_entry_from_tables`).
+    pub fn prefetch_filter(&self, key_hash: u64) {
+        if let Some(block) = &self.pinned_filter_block {
+            block.prefetch_hash(key_hash);
+        }
+    }
+
     pub fn get(
         &self,
         key: &[u8],
