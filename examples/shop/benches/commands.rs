@@ -3,7 +3,10 @@
 //!
 //! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]
 //! [--fsync 1] [--committer-nice -10] [--background-nice 10] [--huge-pages 0]
-//! [--cache-limit 100000]`
+//! [--cache-limit 100000] [--interval 0]`
+//!
+//! `--interval N` prints the rate of every N seconds of a run as it goes (0: none), to
+//! see whether a long run slows down as its store grows.
 
 use eventfold::log::embedded::{EmbeddedLog, Options};
 use eventfold::log::priority::Applied;
@@ -40,6 +43,8 @@ struct Setup {
     nice: Nice,
     /// `RuntimeOptions::cache_limit`: aggregates kept in memory per partition.
     cache_limit: usize,
+    /// Seconds between progress lines (0: none).
+    interval: u64,
 }
 
 async fn run_once(concurrency: u64, seconds: u64, setup: Setup) -> (f64, Vec<u64>) {
@@ -47,6 +52,7 @@ async fn run_once(concurrency: u64, seconds: u64, setup: Setup) -> (f64, Vec<u64
         fsync,
         nice,
         cache_limit,
+        interval,
     } = setup;
     let dir = tempfile::tempdir().unwrap();
     let store_options = StoreOptions {
@@ -103,7 +109,20 @@ async fn run_once(concurrency: u64, seconds: u64, setup: Setup) -> (f64, Vec<u64
             lat
         }));
     }
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    if interval == 0 {
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+    } else {
+        let (mut last, mut last_s) = (0, 0);
+        for s in (interval..seconds).step_by(interval as usize).chain([seconds]) {
+            tokio::time::sleep_until((started + Duration::from_secs(s)).into()).await;
+            let now = done.load(Ordering::Relaxed);
+            eprintln!(
+                "    {s:>4} s: {:.0} commands/s",
+                (now - last) as f64 / (s - last_s) as f64
+            );
+            (last, last_s) = (now, s);
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     let mut lat = Vec::new();
     for t in tasks {
@@ -146,6 +165,7 @@ fn main() {
         fsync,
         nice,
         cache_limit,
+        interval: arg("--interval", 0),
     };
     if !huge_pages {
         eventfold::process::disable_transparent_huge_pages().expect("prctl(PR_SET_THP_DISABLE)");
