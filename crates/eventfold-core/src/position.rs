@@ -34,12 +34,15 @@ impl Position {
 
     /// Encodes as an opaque URL-safe token.
     pub fn encode(&self) -> String {
-        let mut s = String::from("v1");
-        for ((t, p), o) in &self.marks {
-            s.push(';');
-            s.push_str(&format!("{t}:{p}:{o}"));
-        }
-        URL_SAFE_NO_PAD.encode(s)
+        encode_marks(self.marks())
+    }
+
+    /// The token of [`Position::at`]`(topic, partition, offset)`, built without the
+    /// position: every accepted command's outcome carries one, and the map, the owned
+    /// topic name and the formatted marks were about 1.7% of the CPU samples of the
+    /// in-process command bench.
+    pub fn token_at(topic: &str, partition: u32, offset: u64) -> String {
+        encode_marks(std::iter::once((topic, partition, offset)))
     }
 
     /// Decodes a token produced by [`Position::encode`].
@@ -65,6 +68,19 @@ impl Position {
     }
 }
 
+/// The token of `marks` (ordered by topic, then partition): `v1;topic:partition:offset...`
+/// in base64url without padding.
+fn encode_marks<'a>(marks: impl Iterator<Item = (&'a str, u32, u64)>) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(64);
+    s.push_str("v1");
+    for (t, p, o) in marks {
+        // Writing to a String cannot fail.
+        let _ = write!(s, ";{t}:{p}:{o}");
+    }
+    URL_SAFE_NO_PAD.encode(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +100,20 @@ mod tests {
             p.marks().collect::<Vec<_>>(),
             vec![("shop.order.events", 0, 7), ("shop.order.events", 3, 1234)]
         );
+    }
+
+    #[test]
+    fn the_token_of_one_mark_is_that_of_its_position() {
+        for (topic, partition, offset) in [("shop.order.events", 3, 1234), ("t", 0, 0), ("a:b", 7, u64::MAX)] {
+            let token = Position::token_at(topic, partition, offset);
+            assert_eq!(token, Position::at(topic, partition, offset).encode());
+            assert_eq!(
+                Position::decode(&token).unwrap(),
+                Position::at(topic, partition, offset)
+            );
+        }
+        let raw = URL_SAFE_NO_PAD.decode(Position::token_at("t", 2, 9)).unwrap();
+        assert_eq!(raw, b"v1;t:2:9");
     }
 
     #[test]

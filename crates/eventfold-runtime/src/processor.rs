@@ -812,7 +812,7 @@ impl<A: Aggregate> Processor<A> {
                 None => self.events_end,
             }
         };
-        Ok(Position::at(topic, self.cfg.partition, off).encode())
+        Ok(Position::token_at(topic, self.cfg.partition, off))
     }
 
     /// The accepted outcome a dedup record of [`EVENTS_BY_REFERENCE`] stands for: its
@@ -1191,7 +1191,7 @@ impl<A: Aggregate> Processor<A> {
                                 Some(last) => last + 1,
                                 None => end,
                             };
-                            a.position = Position::at(&events, p, after).encode();
+                            a.position = Position::token_at(&events, p, after);
                         }
                         let json = codec::to_json(&outcome);
                         changelog::result_record(&results, partition, &command_id, &json, now)
@@ -1288,7 +1288,7 @@ impl<A: Aggregate> Processor<A> {
                                 (Some(r), false) => r.offsets[appends.end - 1] + 1,
                                 _ => self.events_end,
                             };
-                            a.position = Position::at(&self.cfg.topics.events, p, end).encode();
+                            a.position = Position::token_at(&self.cfg.topics.events, p, end);
                             CommandOutcome::Accepted
                         }
                         Outcome::Rejected { .. } => CommandOutcome::Rejected,

@@ -162,7 +162,7 @@ impl Requester {
                     // Written before its offsets were known: the end of the events partition
                     // now covers them (their transaction committed before the outcome showed).
                     let end = self.log.end_offset(&topics.events, p).await?;
-                    a.position = Position::at(&topics.events, p, end).encode();
+                    a.position = Position::token_at(&topics.events, p, end);
                 }
                 Ok(Outcome::Accepted(a))
             }
