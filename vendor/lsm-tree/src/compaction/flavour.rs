@@ -85,6 +85,8 @@ pub(super) fn prepare_table_writer(
     if filter_partitioning {
         table_writer = table_writer.use_partitioned_filter();
     }
+    // eventfold patch: one table per sequence (`Config::split_tables_at_prefix`).
+    table_writer = table_writer.use_split_prefix(opts.config.table_split_prefix());
 
     #[expect(clippy::cast_possible_truncation, reason = "max key size = u16")]
     let last_level = (version.level_count() - 1) as u8;

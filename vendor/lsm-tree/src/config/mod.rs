@@ -229,6 +229,15 @@ pub struct Config {
     /// Compaction filter factory
     pub compaction_filter_factory: Option<Arc<dyn Factory>>,
 
+    /// eventfold patch: when not 0, the number of leading key bytes that name a sequence
+    /// of keys written in order (e.g. a log partition): flushes and compactions start a
+    /// new table where those bytes change, so that a table holds one sequence and the
+    /// leveled strategy can move new tables down instead of rewriting older ones (see
+    /// [`Config::split_tables_at_prefix`]). Shared by clones of the config, so that it can
+    /// be set on an open tree.
+    #[doc(hidden)]
+    pub table_split_prefix: Arc<std::sync::atomic::AtomicUsize>,
+
     #[doc(hidden)]
     pub kv_separation_opts: Option<KvSeparationOptions>,
 
@@ -290,6 +299,7 @@ impl Default for Config {
             )),
 
             compaction_filter_factory: None,
+            table_split_prefix: Arc::default(),
 
             expect_point_read_hits: false,
 
@@ -458,6 +468,25 @@ impl Config {
     pub fn with_kv_separation(mut self, opts: Option<KvSeparationOptions>) -> Self {
         self.kv_separation_opts = opts;
         self
+    }
+
+    /// eventfold patch: the tables that flushes and compactions write from now on each
+    /// hold keys with one value of their first `len` bytes (0: no such split). Meant for
+    /// keys that start with the name of a sequence written in increasing order, such as a
+    /// log partition: a flush then writes one table per sequence, none of them overlaps an
+    /// older table of its sequence, and the leveled strategy moves them to the next level
+    /// without rewriting anything. Tables written before keep their ranges; they are
+    /// merged as before where they overlap. Not persisted: set it at every open.
+    pub fn split_tables_at_prefix(&self, len: usize) {
+        self.table_split_prefix
+            .store(len, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// eventfold patch: see [`Config::split_tables_at_prefix`].
+    #[must_use]
+    pub fn table_split_prefix(&self) -> usize {
+        self.table_split_prefix
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Installs a custom compaction filter.

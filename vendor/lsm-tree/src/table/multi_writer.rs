@@ -46,6 +46,10 @@ pub struct MultiWriter {
 
     /// Level the tables are written to
     initial_level: u8,
+
+    /// eventfold patch: leading key bytes at whose change a new table starts (0: none; see
+    /// `Config::split_tables_at_prefix`).
+    split_prefix: usize,
 }
 
 impl MultiWriter {
@@ -87,7 +91,17 @@ impl MultiWriter {
             bloom_policy: BloomConstructionPolicy::default(),
 
             linked_blobs: HashMap::default(),
+
+            split_prefix: 0,
         })
+    }
+
+    /// eventfold patch: starts a new table where the first `len` bytes of the keys
+    /// change (0: only at the target size).
+    #[must_use]
+    pub fn use_split_prefix(mut self, len: usize) -> Self {
+        self.split_prefix = len;
+        self
     }
 
     pub fn register_blob(&mut self, indirection: BlobIndirection) {
@@ -222,13 +236,30 @@ impl MultiWriter {
         // item is a new key, as it was here.
         let is_next_key = self.writer.current_key() < Some(&item.key.user_key);
 
-        if is_next_key && *self.writer.meta.file_pos >= self.target_size {
+        if is_next_key
+            && (*self.writer.meta.file_pos >= self.target_size
+                || self.leaves_prefix(&item.key.user_key))
+        {
             self.rotate()?;
         }
 
         self.writer.write(item)?;
 
         Ok(())
+    }
+
+    /// eventfold patch: whether `key` is the first of another sequence than the current
+    /// table's keys (their first `split_prefix` bytes differ; a shorter key is its own
+    /// prefix).
+    fn leaves_prefix(&self, key: &[u8]) -> bool {
+        let n = self.split_prefix;
+        if n == 0 {
+            return false;
+        }
+        self.writer.current_key().is_some_and(|current| {
+            let current: &[u8] = current;
+            current.get(..n).unwrap_or(current) != key.get(..n).unwrap_or(key)
+        })
     }
 
     /// Finishes the last table, making sure all data is written durably

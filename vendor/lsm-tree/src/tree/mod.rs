@@ -400,6 +400,8 @@ impl AbstractTree for Tree {
         if filter_partitioning {
             table_writer = table_writer.use_partitioned_filter();
         }
+        // eventfold patch: one table per sequence (`Config::split_tables_at_prefix`).
+        table_writer = table_writer.use_split_prefix(self.config.table_split_prefix());
 
         for item in stream {
             table_writer.write(item?)?;

@@ -563,11 +563,15 @@ impl Version {
     pub fn with_moved(&self, ids: &[TableId], dest_level: usize) -> Self {
         let id = self.id + 1;
 
-        let affected_tables = self
+        let mut affected_tables = self
             .iter_tables()
             .filter(|x| ids.contains(&x.id()))
             .cloned()
             .collect::<Vec<_>>();
+        // eventfold patch: the moved tables become one run, ordered by key. They came
+        // ordered from one run; the leveled strategy now also moves the disjoint tables of
+        // several L0 runs at once (`movable_l0_tables`).
+        affected_tables.sort_by(|a, b| a.key_range().min().cmp(b.key_range().min()));
 
         assert_eq!(affected_tables.len(), ids.len(), "invalid table IDs");
 

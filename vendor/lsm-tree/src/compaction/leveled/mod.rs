@@ -107,6 +107,121 @@ fn pick_minimal_compaction(
     }
 }
 
+/// eventfold patch: the ids of the L0 tables that can move to `target` as they are: each
+/// overlaps no other L0 table (whatever its run) and no table of `target`, so no read
+/// can find another version of one of its keys above it after the move. `None` if none
+/// can.
+///
+/// Upstream only moves a single L0 run whose whole key range misses the next level. A
+/// flush of keys that continue several sequences (`Config::split_tables_at_prefix`, e.g.
+/// the tails of all partitions of a log) writes one table per sequence: their combined
+/// range spans the older tables of every sequence in between, but each table overlaps
+/// nothing, so they move, as do those of several flushes. Tables that overlap something
+/// (writes of random keys) stay for the merge that the L0 trigger starts, as before.
+fn movable_l0_tables(
+    l0: &crate::version::Level,
+    target: &crate::version::Level,
+) -> Option<HashSet<TableId>> {
+    use crate::version::run::Ranged;
+    let mut tables: Vec<&Table> = l0.iter().flat_map(|run| run.iter()).collect();
+    tables.sort_by(|a, b| a.key_range().min().cmp(b.key_range().min()));
+    let mut movable = HashSet::default();
+    // The highest key of the tables before (sorted by their lowest keys): a table overlaps
+    // one before it if that reaches its lowest key, one after it if the next starts
+    // before its highest key.
+    let mut reach: Option<&crate::UserKey> = None;
+    for (i, table) in tables.iter().enumerate() {
+        let range = table.key_range();
+        let clear_before = reach.is_none_or(|r| r < range.min());
+        let clear_after = tables
+            .get(i + 1)
+            .is_none_or(|next| range.max() < next.key_range().min());
+        if clear_before
+            && clear_after
+            && target
+                .iter()
+                .all(|run| run.get_overlapping(range).is_empty())
+        {
+            movable.insert(table.id());
+        }
+        if reach.is_none_or(|r| r < range.max()) {
+            reach = Some(range.max());
+        }
+    }
+    (!movable.is_empty()).then_some(movable)
+}
+
+/// eventfold patch: tables of one sequence (`Config::split_tables_at_prefix`) that L0
+/// moves leave small, consecutive in their level. At least [`CONSOLIDATE_MIN_TABLES`] of
+/// them in a row, each under a quarter of the target size and together at most the
+/// target size, are merged into one table in place, so that a store does not collect a
+/// file per flush and partition. Size-tiered: the largest of them may be at most as
+/// large as the others together, so a byte is rewritten about log2 of how much its
+/// table grows (a sequence that gets a few records per flush does not have one table
+/// rewritten at every flush). `None` when there is no such window (or without the
+/// split).
+fn consolidation_window(
+    version: &Version,
+    prefix: usize,
+    target_size: u64,
+    state: &CompactionState,
+) -> Option<(usize, HashSet<TableId>)> {
+    use crate::version::run::Ranged;
+    if prefix == 0 {
+        return None;
+    }
+    let sequence = |table: &Table| -> Option<Vec<u8>> {
+        let range = table.key_range();
+        let (lo, hi) = (range.min().get(..prefix)?, range.max().get(..prefix)?);
+        (lo == hi).then(|| lo.to_vec())
+    };
+    let eligible = |table: &Table| {
+        table.file_size() < target_size / 4 && !state.hidden_set().is_hidden(table.id())
+    };
+    // The first tiered window within consecutive eligible tables of one sequence.
+    let tiered = |tables: &[&Table]| -> Option<HashSet<TableId>> {
+        (0..tables.len()).find_map(|start| {
+            let mut window = &tables[start..];
+            while window.iter().map(|t| t.file_size()).sum::<u64>() > target_size {
+                window = &window[..window.len() - 1];
+            }
+            let total: u64 = window.iter().map(|t| t.file_size()).sum();
+            let largest = window.iter().map(|t| t.file_size()).max().unwrap_or(0);
+            (window.len() >= CONSOLIDATE_MIN_TABLES && largest * 2 <= total)
+                .then(|| window.iter().map(|t| t.id()).collect())
+        })
+    };
+    for (idx, level) in version.iter_levels().enumerate().skip(1) {
+        let Some(run) = level.first_run() else {
+            continue;
+        };
+        let mut group: Vec<&Table> = Vec::new();
+        let mut group_seq: Option<Vec<u8>> = None;
+        for table in run.iter() {
+            let seq = sequence(table).filter(|_| eligible(table));
+            if seq.is_some() && seq == group_seq {
+                group.push(table);
+                continue;
+            }
+            if let Some(ids) = tiered(&group) {
+                return Some((idx, ids));
+            }
+            group.clear();
+            group_seq = seq;
+            if group_seq.is_some() {
+                group.push(table);
+            }
+        }
+        if let Some(ids) = tiered(&group) {
+            return Some((idx, ids));
+        }
+    }
+    None
+}
+
+/// eventfold patch: the fewest small tables of one sequence that are merged in place.
+const CONSOLIDATE_MIN_TABLES: usize = 4;
+
 #[doc(hidden)]
 pub const NAME: &str = "LeveledCompaction";
 
@@ -274,7 +389,7 @@ impl CompactionStrategy for Strategy {
     }
 
     #[expect(clippy::too_many_lines)]
-    fn choose(&self, version: &Version, _: &Config, state: &CompactionState) -> Choice {
+    fn choose(&self, version: &Version, config: &Config, state: &CompactionState) -> Choice {
         assert!(version.level_count() == 7, "should have exactly 7 levels");
 
         // Trivial move into Lmax
@@ -359,6 +474,30 @@ impl CompactionStrategy for Strategy {
             let first_level = version.l0();
             let target_level_idx = first_non_empty_level.min(canonical_l1_idx);
 
+            // eventfold patch: L0 tables that overlap neither each other nor the target
+            // level move whatever their runs and combined key range.
+            if !first_level.is_empty()
+                && !version.level_is_busy(0, state.hidden_set())
+                && !version.level_is_busy(target_level_idx, state.hidden_set())
+            {
+                if let Some(target_level) = version.level(target_level_idx) {
+                    if target_level.run_count() <= 1 {
+                        if let Some(table_ids) = movable_l0_tables(first_level, target_level) {
+                            #[expect(
+                                clippy::cast_possible_truncation,
+                                reason = "level index is bounded by level count (7)"
+                            )]
+                            return Choice::Move(CompactionInput {
+                                table_ids,
+                                dest_level: target_level_idx as u8,
+                                canonical_level: 1,
+                                target_size: self.target_size,
+                            });
+                        }
+                    }
+                }
+            }
+
             if first_level.run_count() == 1 {
                 if version.level_is_busy(0, state.hidden_set())
                     || version.level_is_busy(target_level_idx, state.hidden_set())
@@ -396,6 +535,25 @@ impl CompactionStrategy for Strategy {
                     });
                 }
             }
+        }
+
+        // eventfold patch: small tables of one sequence, merged in place.
+        if let Some((idx, table_ids)) = consolidation_window(
+            version,
+            config.table_split_prefix(),
+            self.target_size,
+            state,
+        ) {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "level index is bounded by level count (7)"
+            )]
+            return Choice::Merge(CompactionInput {
+                table_ids,
+                dest_level: idx as u8,
+                canonical_level: idx.saturating_sub(level_shift).max(1) as u8,
+                target_size: self.target_size,
+            });
         }
 
         // Scoring
