@@ -43,7 +43,7 @@ pub enum Table {
 /// 75,699 / 75,143 with 4; no difference over HTTP at 64 clients in 60 seconds. 8 keeps
 /// clear of fjall's write stall (20 L0 tables) and halt (30) while one compaction runs.
 /// fjall keeps a table's compaction settings from its creation: older stores keep 4.
-/// The `log` table's flushes now write a table per partition ([`LOG_SEQUENCE_PREFIX`]),
+/// The `log` table's flushes now write a table per partition (see `LOG_SEQUENCE_PREFIX`),
 /// which move down without waiting for the trigger; it holds for those that overlap.
 pub const L0_COMPACTION_TRIGGER: u8 = 8;
 
@@ -659,14 +659,6 @@ impl Store {
             open(Table::ViewRow)?,
             open(Table::ViewIndex)?,
         ];
-        // Each partition of a topic is a sequence of keys written in order: flushes and
-        // compactions write a table per partition, which the leveled strategy then moves
-        // down instead of rewriting (lsm-tree change 10 in vendor/README.md). Not kept by
-        // fjall: set at every open.
-        {
-            use lsm_tree::AbstractTree;
-            tables[0].tree.tree_config().split_tables_at_prefix(LOG_SEQUENCE_PREFIX);
-        }
         let store = Self {
             db,
             tables,
@@ -674,6 +666,15 @@ impl Store {
             topics: Arc::default(),
             registering: Arc::default(),
         };
+        // Each partition of a topic is a sequence of keys written in order: flushes and
+        // compactions write a table per partition, which the leveled strategy then moves
+        // down instead of rewriting (lsm-tree change 10 in vendor/README.md). Not kept by
+        // fjall: set at every open, before the migration below writes.
+        {
+            use lsm_tree::AbstractTree;
+            let log = &store.table(Table::Log).tree;
+            log.tree_config().split_tables_at_prefix(LOG_SEQUENCE_PREFIX);
+        }
         store.load_topics()?;
         store.migrate_log_keys()?;
         Ok(store)

@@ -701,6 +701,17 @@ impl CompactionStrategy for Strategy {
             return Choice::DoNothing;
         };
 
+        // eventfold patch: while a consolidation (`consolidation_window`) merges tables of
+        // the next level in place, nothing may enter that level: a table moved or merged
+        // into a gap between the tables it merges would overlap its output. (The L0 paths
+        // above already wait for a busy target level.) Only trees that split their tables
+        // consolidate.
+        if config.table_split_prefix() > 0
+            && version.level_is_busy(usize::from(next_level_index), state.hidden_set())
+        {
+            return Choice::DoNothing;
+        }
+
         debug_assert!(level.is_disjoint(), "level should be disjoint");
         debug_assert!(next_level.is_disjoint(), "next level should be disjoint");
 
