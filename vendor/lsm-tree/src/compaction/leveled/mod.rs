@@ -470,70 +470,38 @@ impl CompactionStrategy for Strategy {
         }
 
         // Trivial move into L1
+        //
+        // eventfold patch: the L0 tables that overlap neither each other nor the target
+        // level move, whatever their runs and combined key range (`movable_l0_tables`).
+        // This covers upstream's case, a single disjoint L0 run whose whole range misses
+        // the target level, which moved the same tables.
         'trivial: {
             let first_level = version.l0();
             let target_level_idx = first_non_empty_level.min(canonical_l1_idx);
 
-            // eventfold patch: L0 tables that overlap neither each other nor the target
-            // level move whatever their runs and combined key range.
-            if !first_level.is_empty()
-                && !version.level_is_busy(0, state.hidden_set())
-                && !version.level_is_busy(target_level_idx, state.hidden_set())
+            if first_level.is_empty()
+                || version.level_is_busy(0, state.hidden_set())
+                || version.level_is_busy(target_level_idx, state.hidden_set())
             {
-                if let Some(target_level) = version.level(target_level_idx) {
-                    if target_level.run_count() <= 1 {
-                        if let Some(table_ids) = movable_l0_tables(first_level, target_level) {
-                            #[expect(
-                                clippy::cast_possible_truncation,
-                                reason = "level index is bounded by level count (7)"
-                            )]
-                            return Choice::Move(CompactionInput {
-                                table_ids,
-                                dest_level: target_level_idx as u8,
-                                canonical_level: 1,
-                                target_size: self.target_size,
-                            });
-                        }
-                    }
-                }
+                break 'trivial;
             }
-
-            if first_level.run_count() == 1 {
-                if version.level_is_busy(0, state.hidden_set())
-                    || version.level_is_busy(target_level_idx, state.hidden_set())
-                {
-                    break 'trivial;
-                }
-
-                let Some(target_level) = &version.level(target_level_idx) else {
-                    break 'trivial;
-                };
-
-                if target_level.run_count() != 1 {
-                    break 'trivial;
-                }
-
-                let key_range = first_level.aggregate_key_range();
-
-                // Get overlapping tables in next level
-                let get_overlapping = target_level
-                    .iter()
-                    .flat_map(|run| run.get_overlapping(&key_range))
-                    .map(Table::id)
-                    .next();
-
-                if get_overlapping.is_none() && first_level.is_disjoint() {
-                    #[expect(
-                        clippy::cast_possible_truncation,
-                        reason = "level index is bounded by level count (7)"
-                    )]
-                    return Choice::Move(CompactionInput {
-                        table_ids: first_level.list_ids(),
-                        dest_level: target_level_idx as u8,
-                        canonical_level: 1,
-                        target_size: self.target_size,
-                    });
-                }
+            let Some(target_level) = version.level(target_level_idx) else {
+                break 'trivial;
+            };
+            if target_level.run_count() > 1 {
+                break 'trivial;
+            }
+            if let Some(table_ids) = movable_l0_tables(first_level, target_level) {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "level index is bounded by level count (7)"
+                )]
+                return Choice::Move(CompactionInput {
+                    table_ids,
+                    dest_level: target_level_idx as u8,
+                    canonical_level: 1,
+                    target_size: self.target_size,
+                });
             }
         }
 

@@ -17,19 +17,22 @@ impl FilterBlock {
     /// will read for `hash` (blocked filters only; a filter that does not parse is left to
     /// that call to report).
     pub fn prefetch_hash(&self, hash: u64) {
-        let filter_type = self.0.data.get(crate::file::MAGIC_BYTES.len()).copied();
-        if filter_type == Some(u8::from(super::FilterType::Blocked)) {
+        if self.is_blocked() {
             if let Ok(reader) = super::blocked::Reader::new(&self.0.data) {
                 reader.prefetch_hash(hash);
             }
         }
     }
 
-    pub fn maybe_contains_hash(&self, hash: u64) -> crate::Result<bool> {
-        // eventfold patch: the filter type byte picks the reader (blocked filters since
-        // eventfold's lsm-tree change 7; tables written before keep standard ones).
+    /// eventfold patch: the filter type byte picks the reader (blocked filters since
+    /// eventfold's lsm-tree change 7; tables written before keep standard ones).
+    fn is_blocked(&self) -> bool {
         let filter_type = self.0.data.get(crate::file::MAGIC_BYTES.len()).copied();
-        if filter_type == Some(u8::from(super::FilterType::Blocked)) {
+        filter_type == Some(u8::from(super::FilterType::Blocked))
+    }
+
+    pub fn maybe_contains_hash(&self, hash: u64) -> crate::Result<bool> {
+        if self.is_blocked() {
             return Ok(super::blocked::Reader::new(&self.0.data)?.contains_hash(hash));
         }
         Ok(StandardBloomFilterReader::new(&self.0.data)?.contains_hash(hash))
