@@ -352,3 +352,44 @@ fn leveled_consolidates_a_sequence_size_tiered() -> crate::Result<()> {
     assert_eq!(1, tree.table_count(), "four are as large");
     Ok(())
 }
+
+/// eventfold patch (`CONSOLIDATE_BELOW`): tables of a sequence of at least a sixteenth of
+/// the target size are left as they are; the same tables under a larger target merge.
+#[test]
+fn leveled_leaves_tables_of_a_sixteenth_of_the_target_unmerged() -> crate::Result<()> {
+    let value = vec![7u8; 100];
+    for (target, tables) in [(1_000_000u64, 4), (64 << 20, 1)] {
+        let dir = tempfile::tempdir()?;
+        let tree = Config::new(
+            dir.path(),
+            SequenceNumberCounter::default(),
+            SequenceNumberCounter::default(),
+        )
+        .open()?;
+        tree.tree_config().split_tables_at_prefix(1);
+        let strategy = Arc::new(Strategy::default().with_table_target_size(target));
+        let mut seqno = 0;
+        for round in 0..4u16 {
+            for i in 0..1_000 {
+                tree.insert(seq_key(b'a', round * 1_000 + i), value.clone(), seqno);
+                seqno += 1;
+            }
+            tree.flush_active_memtable(0)?;
+            tree.compact(strategy.clone(), seqno)?;
+        }
+        let sizes: Vec<u64> = tree
+            .current_version()
+            .iter_tables()
+            .map(|t| t.file_size())
+            .collect();
+        assert!(
+            sizes
+                .iter()
+                .all(|&s| s >= 1_000_000 / 16 && s * 16 < 64 << 20),
+            "each flush's table is between the two thresholds: {sizes:?}"
+        );
+        tree.compact(strategy.clone(), seqno)?;
+        assert_eq!(tables, tree.table_count(), "target {target}");
+    }
+    Ok(())
+}
