@@ -153,8 +153,8 @@ fn movable_l0_tables(
 
 /// eventfold patch: tables of one sequence (`Config::split_tables_at_prefix`) that L0
 /// moves leave small, consecutive in their level. At least [`CONSOLIDATE_MIN_TABLES`] of
-/// them in a row, each under [`CONSOLIDATE_BELOW`] of the target size and together at
-/// most the target size, are merged into one table in place, so that a store does not
+/// them in a row, each under 1/[`CONSOLIDATE_BELOW`] of the target size and together
+/// at most the target size, are merged into one table in place, so that a store does not
 /// collect a file per flush and partition. Size-tiered: the largest of them may be at
 /// most as large as the others together, so a byte is rewritten about log2 of how much
 /// its table grows (a sequence that gets a few records per flush does not have one table
@@ -224,11 +224,11 @@ fn consolidation_window(
 const CONSOLIDATE_MIN_TABLES: usize = 4;
 
 /// eventfold patch: a table of a sequence is small (merged in place with its neighbours)
-/// below this fraction of the target size: 4 MiB of the default 64 MiB. Tables that big
-/// are left as they are: merging them rewrites every byte of a busy sequence once more
-/// (a flush of a 64 MiB memtable over 8 busy partitions writes tables of about 7 MB),
-/// for fewer files. With a quarter (16 MiB) these merges took about a tenth of the
-/// CPU of a sustained in-process load (vendor/README.md, change 10).
+/// below 1/16 of the target size: 4 MiB of the default 64 MiB. Larger ones are left as
+/// they are: merging them rewrites every byte of a busy sequence once more (a flush of a
+/// 64 MiB memtable over 8 busy partitions writes tables of about 7 MB), for fewer files.
+/// With a quarter (16 MiB) those merges cost about 8% of the CPU per command of a
+/// sustained in-process load (vendor/README.md, change 10).
 const CONSOLIDATE_BELOW: u64 = 16;
 
 #[doc(hidden)]
