@@ -385,7 +385,7 @@ fn leveled_leaves_tables_of_a_sixteenth_of_the_target_unmerged() -> crate::Resul
         assert!(
             sizes
                 .iter()
-                .all(|&s| s >= 1_000_000 / 16 && s * 16 < 64 << 20),
+                .all(|&s| s >= 1_000_000 / CONSOLIDATE_BELOW && s * CONSOLIDATE_BELOW < 64 << 20),
             "each flush's table is between the two thresholds: {sizes:?}"
         );
         tree.compact(strategy.clone(), seqno)?;
