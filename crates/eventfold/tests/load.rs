@@ -639,8 +639,10 @@ async fn get_mode_sends_queries_to_the_path_template() {
 
 /// A raw HTTP/1.1 server on a free port that answers each request with `status` and then,
 /// when `close` is set, `Connection: close` and closes; with `silent` it reads and never
-/// answers. Counts the connections it accepted.
-async fn raw_server(close: bool, silent: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+/// answers. It answers nothing before it has accepted `answer_after` connections (waiting
+/// at most 5 s), so that every worker of a run gets a request before any is done. Counts
+/// the connections it accepted.
+async fn raw_server(close: bool, silent: bool, answer_after: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -650,6 +652,7 @@ async fn raw_server(close: bool, silent: bool) -> (String, Arc<std::sync::atomic
         loop {
             let (mut socket, _) = listener.accept().await.unwrap();
             counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let counter = counter.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
@@ -675,6 +678,12 @@ async fn raw_server(close: bool, silent: bool) -> (String, Arc<std::sync::atomic
                         continue;
                     }
                     buf.drain(..end + 4 + len);
+                    let gate = tokio::time::Instant::now() + Duration::from_secs(5);
+                    while counter.load(std::sync::atomic::Ordering::SeqCst) < answer_after
+                        && tokio::time::Instant::now() < gate
+                    {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                     if silent {
                         tokio::time::sleep(Duration::from_secs(3600)).await;
                     }
@@ -696,7 +705,7 @@ async fn raw_server(close: bool, silent: bool) -> (String, Arc<std::sync::atomic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_the_server_closes_is_opened_again() {
-    let (url, accepted) = raw_server(true, false).await;
+    let (url, accepted) = raw_server(true, false, 0).await;
     let opts = LoadOptions {
         retries: 0,
         concurrency: 2,
@@ -713,7 +722,9 @@ async fn a_connection_the_server_closes_is_opened_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_connections_carry_many_requests() {
-    let (url, accepted) = raw_server(false, false).await;
+    // Workers connect on their first request: without the gate two of them could take all
+    // 60 before the third starts, and it would open no connection.
+    let (url, accepted) = raw_server(false, false, 3).await;
     let opts = LoadOptions {
         retries: 0,
         concurrency: 3,
@@ -729,7 +740,7 @@ async fn keep_alive_connections_carry_many_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_without_an_answer_times_out_and_is_retried_on_a_new_connection() {
-    let (url, accepted) = raw_server(false, true).await;
+    let (url, accepted) = raw_server(false, true, 0).await;
     let opts = LoadOptions {
         retries: 1,
         retry_after_max: Duration::from_millis(5),
