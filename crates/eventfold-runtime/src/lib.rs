@@ -20,6 +20,7 @@ mod processor;
 mod remote;
 mod runtime;
 mod service;
+mod snapshot;
 mod source;
 pub mod view;
 

@@ -7,6 +7,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::service::{PartitionState, Topics};
+use crate::snapshot;
 use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
 use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
@@ -194,6 +195,8 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub group: String,
     /// A changelog span at least this long is restored by bulk ingestion.
     pub bulk_min_records: u64,
+    /// Store an aggregate's state every this many versions (embedded mode; see `snapshot`).
+    pub state_every: u64,
 }
 
 struct Cached<A> {
@@ -1146,13 +1149,18 @@ impl<A: Aggregate> Processor<A> {
             .filter(|s| matches!(s.pending, Pending::Written { .. }))
             .count();
         let mut touched = Vec::with_capacity(working.len());
+        // Kafka mode writes every state (the state topic restores the store); the embedded
+        // store keeps one every `state_every` versions and folds the events after it.
+        let every = if self.changelog { 1 } else { self.cfg.state_every };
         for (id, c) in working.iter().filter(|(_, c)| c.version != c.loaded_version) {
-            let json = codec::to_json(&c.state);
-            if self.changelog {
-                unit.appends
-                    .push(changelog::state_record(&topics.state, p, id, c.version, &json, now));
+            if snapshot::writes_state(every, c.loaded_version, c.version) {
+                let json = codec::to_json(&c.state);
+                if self.changelog {
+                    unit.appends
+                        .push(changelog::state_record(&topics.state, p, id, c.version, &json, now));
+                }
+                unit.local.put_state(A::TYPE, id, c.version, &json);
             }
-            unit.local.put_state(A::TYPE, id, c.version, &json);
             touched.push((Arc::from(id.as_str()), c.version));
         }
         self.cache.extend(working);
@@ -1319,20 +1327,12 @@ impl<A: Aggregate> Processor<A> {
                     state: c.state.clone(),
                     loaded_version: c.version,
                 },
-                None => match self.log.store().get_state(A::TYPE, id) {
-                    Ok(Some(row)) => {
-                        let state = serde_json::from_slice::<A>(&row.json).map_err(|e| {
-                            format!(
-                                "corrupt record in table `state` at key {}/{id}: state does not decode: {e}",
-                                A::TYPE
-                            )
-                        })?;
-                        Cached {
-                            version: row.version,
-                            state,
-                            loaded_version: row.version,
-                        }
-                    }
+                None => match snapshot::load::<A>(self.log.store(), &self.cfg.topics.events, id) {
+                    Ok(Some((version, state))) => Cached {
+                        version,
+                        state,
+                        loaded_version: version,
+                    },
                     Ok(None) => Cached {
                         version: 0,
                         state: A::default(),

@@ -52,6 +52,11 @@ pub struct RuntimeOptions {
     /// partition not in the local store yet, e.g. on a new instance) is restored by bulk
     /// ingestion into the store instead of through its journal (50,000).
     pub restore_bulk_min_records: u64,
+    /// Embedded mode: an aggregate's state is stored when a commit takes its version past
+    /// a multiple of this (8); reads apply the events after the stored state (fewer than
+    /// this many). 1 stores it at every commit. Kafka mode stores it at every commit, as
+    /// the state topic does. See `snapshot`.
+    pub state_every: u64,
 }
 
 impl Default for RuntimeOptions {
@@ -69,6 +74,7 @@ impl Default for RuntimeOptions {
             cache_limit: 100_000,
             max_inflight_commits: 4,
             restore_bulk_min_records: 50_000,
+            state_every: 8,
         }
     }
 }
@@ -390,6 +396,7 @@ fn start<A: Aggregate>(
             max_inflight: options.max_inflight_commits.max(1),
             group: options.app_id.clone(),
             bulk_min_records: options.restore_bulk_min_records,
+            state_every: options.state_every,
         };
         let mut processor = Processor::new(
             cfg,

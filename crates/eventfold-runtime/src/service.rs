@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::processor::{Job, PartitionShared};
 use crate::runtime::RuntimeOptions;
+use crate::snapshot;
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;
 use eventfold_core::{Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms};
@@ -316,23 +317,13 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
         check_id(id)?;
         // Every write acknowledged anywhere before this read is in the store (Kafka).
         self.log.applied().await;
-        let Some(row) = self.log.store().get_state(A::TYPE, id)? else {
+        let Some((version, state)) = snapshot::load::<A>(self.log.store(), &self.topics.events, id)? else {
             return Ok(None);
         };
-        let state = String::from_utf8(row.json)
-            .ok()
-            .and_then(|s| RawValue::from_string(s).ok())
-            .ok_or_else(|| {
-                Error::Store(eventfold_store::Error::Corrupt {
-                    table: "state",
-                    key: format!("{}/{id}", A::TYPE),
-                    reason: "state is not JSON".into(),
-                })
-            })?;
         Ok(Some(StateView {
             id: id.to_owned(),
-            version: row.version,
-            state,
+            version,
+            state: serde_json::value::to_raw_value(&state).expect("state types must serialize to JSON"),
         }))
     }
 

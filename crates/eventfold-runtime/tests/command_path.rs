@@ -294,3 +294,59 @@ async fn retried_keys_get_their_outcome_back_from_either_dedup_format() {
     );
     assert_eq!(svc.state("c-1").await.unwrap().unwrap().version, 3, "nothing written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_are_stored_every_few_versions_and_loads_fold_the_events_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(RuntimeOptions {
+        state_every: 4,
+        // Nothing stays in memory between batches: every command loads its aggregate
+        // from the store, as after a restart.
+        cache_limit: 0,
+        ..Default::default()
+    })
+    .aggregate::<Counter>(())
+    .build(embedded(&dir, 1));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let store = rt.log().store().clone();
+    let mut total = 0;
+    for v in 1..=10u64 {
+        match svc.submit(add("a", v, None)).await.unwrap() {
+            Outcome::Accepted(a) => assert_eq!(a.version, v, "built on version {}", v - 1),
+            other => panic!("{other:?}"),
+        }
+        total += v;
+        let stored = store.get_state("counter", "a").unwrap().map(|row| row.version);
+        assert_eq!(stored, (v >= 4).then_some(v / 4 * 4), "stored state after version {v}");
+        let state = svc.state("a").await.unwrap().unwrap();
+        assert_eq!(state.version, v);
+        assert_eq!(
+            serde_json::from_str::<Counter>(state.state.get()).unwrap(),
+            Counter { total },
+            "state at version {v} is the stored one with the events after it"
+        );
+    }
+    // The rule checks the folded total: 55 + 46 is above the limit, and nothing is written.
+    match svc.submit(add("a", 46, None)).await.unwrap() {
+        Outcome::Rejected { error, .. } => assert_eq!(error, "limit_exceeded"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(svc.state("a").await.unwrap().unwrap().version, 10);
+    assert!(svc.state("never").await.unwrap().is_none(), "no state, no events: none");
+
+    // An event after the stored state that does not decode fails the read and names it.
+    let topic = "app.counter.events";
+    let event = store.entity_events(topic, b"a", 10, 1).unwrap().remove(0);
+    let mut record = event.record.clone();
+    record.value = br#"{"type":"Nope"}"#.to_vec();
+    let mut b = eventfold_store::Batch::new();
+    b.put_log(topic, event.partition, event.offset, &record);
+    store.commit(b, true).unwrap();
+    let err = svc.state("a").await.unwrap_err().to_string();
+    assert!(
+        err.contains("table `log`") && err.contains("event 10 of counter/a does not decode"),
+        "{err}"
+    );
+    let err = svc.submit(add("a", 1, None)).await.unwrap_err().to_string();
+    assert!(err.contains("event 10 of counter/a does not decode"), "{err}");
+}

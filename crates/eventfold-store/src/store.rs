@@ -18,7 +18,8 @@ pub enum Table {
     Log,
     /// Per-entity event index: `topic 0 entity 0 version(u64 BE)` -> `(partition, offset)`.
     Entity,
-    /// Aggregate state: `type 0 id` -> `(version, state JSON)`.
+    /// Aggregate state: `type 0 id` -> `(version, state JSON)`. Not necessarily the newest:
+    /// the runtime may store a state every few versions and fold the events after it.
     State,
     /// Dedup outcomes: `type 0 partition(u32 BE) command id` -> `(timestamp, outcome JSON)`.
     /// Records past the dedup window are dropped by the table's compaction filter (see
@@ -960,6 +961,16 @@ impl Store {
             Some(kv) => Ok(offset_of(&kv.key()?) + 1),
             None => Ok(0),
         }
+    }
+
+    /// Whether the per-entity index holds version `version` of `entity` in `topic`. A point
+    /// read, which the Bloom filters answer for most keys that are not there: cheaper than
+    /// the range read of [`Store::entity_events`] when there is usually nothing to find
+    /// (an aggregate's events after its stored state).
+    pub fn has_entity_version(&self, topic: &str, entity: &[u8], version: u64) -> Result<bool> {
+        Ok(self
+            .table(Table::Entity)
+            .contains_key(entity_key(topic, entity, version))?)
     }
 
     /// Events of `entity` in `topic` from version `from_version` on (at most `max`),
