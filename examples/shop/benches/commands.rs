@@ -3,7 +3,7 @@
 //!
 //! `cargo bench -p shop --bench commands -- [--concurrency 64] [--seconds 5] [--runs 3]
 //! [--fsync 1] [--committer-nice -10] [--background-nice 10] [--huge-pages 0]
-//! [--cache-limit 100000] [--interval 0]`
+//! [--cache-limit 100000] [--state-every 8] [--interval 0]`
 //!
 //! `--interval N` prints the rate of every N seconds of a run as it goes (0: none), to
 //! see whether a long run slows down as its store grows.
@@ -43,6 +43,8 @@ struct Setup {
     nice: Nice,
     /// `RuntimeOptions::cache_limit`: aggregates kept in memory per partition.
     cache_limit: usize,
+    /// `RuntimeOptions::state_every`: an aggregate's state is stored every N versions.
+    state_every: u64,
     /// Seconds between progress lines (0: none).
     interval: u64,
 }
@@ -52,6 +54,7 @@ async fn run_once(concurrency: u64, seconds: u64, setup: Setup) -> (f64, Vec<u64
         fsync,
         nice,
         cache_limit,
+        state_every,
         interval,
     } = setup;
     let dir = tempfile::tempdir().unwrap();
@@ -79,6 +82,7 @@ async fn run_once(concurrency: u64, seconds: u64, setup: Setup) -> (f64, Vec<u64
     let rt = Runtime::builder(RuntimeOptions {
         app_id: "bench".into(),
         cache_limit,
+        state_every,
         ..Default::default()
     })
     .aggregate::<Order>(())
@@ -161,10 +165,12 @@ fn main() {
     // As the shop binary does; `--huge-pages 1` keeps them, to compare.
     let huge_pages = arg("--huge-pages", 0u64) == 1;
     let cache_limit = arg("--cache-limit", RuntimeOptions::default().cache_limit);
+    let state_every = arg("--state-every", RuntimeOptions::default().state_every);
     let setup = Setup {
         fsync,
         nice,
         cache_limit,
+        state_every,
         interval: arg("--interval", 0),
     };
     if !huge_pages {
@@ -175,7 +181,7 @@ fn main() {
         .build()
         .unwrap();
     eprintln!(
-        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {}, background nice {}, huge pages {huge_pages}, cache limit {cache_limit}, {} cores",
+        "in-process PlaceOrder, {concurrency} submitters, {seconds} s x {runs} runs, fsync {fsync}, committer nice {}, background nice {}, huge pages {huge_pages}, cache limit {cache_limit}, state every {state_every}, {} cores",
         nice.committer,
         nice.background,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
