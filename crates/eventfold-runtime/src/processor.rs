@@ -1149,17 +1149,21 @@ impl<A: Aggregate> Processor<A> {
             .filter(|s| matches!(s.pending, Pending::Written { .. }))
             .count();
         let mut touched = Vec::with_capacity(working.len());
-        // Kafka mode writes every state (the state topic restores the store); the embedded
-        // store keeps one every `state_every` versions and folds the events after it.
-        let every = if self.changelog { 1 } else { self.cfg.state_every };
+        // The store keeps a state every `state_every` versions and folds the events after it
+        // (see `snapshot`); Kafka mode's state topic gets every state, since it restores
+        // the store of an instance that takes the partition over.
+        let every = self.cfg.state_every;
         for (id, c) in working.iter().filter(|(_, c)| c.version != c.loaded_version) {
-            if snapshot::writes_state(every, c.loaded_version, c.version) {
+            let stored = snapshot::writes_state(every, c.loaded_version, c.version);
+            if stored || self.changelog {
                 let json = codec::to_json(&c.state);
                 if self.changelog {
                     unit.appends
                         .push(changelog::state_record(&topics.state, p, id, c.version, &json, now));
                 }
-                unit.local.put_state(A::TYPE, id, c.version, &json);
+                if stored {
+                    unit.local.put_state(A::TYPE, id, c.version, &json);
+                }
             }
             touched.push((Arc::from(id.as_str()), c.version));
         }

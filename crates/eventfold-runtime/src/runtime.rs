@@ -52,10 +52,10 @@ pub struct RuntimeOptions {
     /// partition not in the local store yet, e.g. on a new instance) is restored by bulk
     /// ingestion into the store instead of through its journal (50,000).
     pub restore_bulk_min_records: u64,
-    /// Embedded mode: an aggregate's state is stored when a commit takes its version past
-    /// a multiple of this (8); reads apply the events after the stored state (fewer than
-    /// this many). 1 stores it at every commit. Kafka mode stores it at every commit, as
-    /// the state topic does. See `snapshot`.
+    /// The local store keeps an aggregate's state when a commit takes its version past a
+    /// multiple of this (8); loads apply the events after the stored state (fewer than
+    /// this many). 1 stores it at every commit. Kafka mode's state topic gets every state
+    /// whatever this is. See `snapshot`.
     pub state_every: u64,
 }
 

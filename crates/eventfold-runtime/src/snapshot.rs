@@ -1,7 +1,7 @@
 //! Aggregate state in the store: a stored state (a snapshot) plus the events after it.
 //!
-//! On the embedded log a commit writes an aggregate's state only when its version crosses
-//! a multiple of `RuntimeOptions::state_every` (8): most aggregates of a store that grows
+//! A commit writes an aggregate's state to the store only when its version crosses a
+//! multiple of `RuntimeOptions::state_every` (8): most aggregates of a store that grows
 //! by new ones (orders, payments) never get a state row, and a busy one gets a row every
 //! few versions instead of every commit. The `state` table is where an LSM store spends
 //! most of its compaction work (a row at a random key per command, rewritten level by
@@ -12,8 +12,10 @@
 //! read of the first version after the stored one comes first; the Bloom filters answer
 //! it for the usual case, no events after it.
 //!
-//! In Kafka mode every commit writes the state: the state topic is the restore changelog
-//! (compacted, one record per aggregate) and the local store mirrors it.
+//! In Kafka mode the state topic still gets every state: it is the restore changelog
+//! (compacted, one record per aggregate) of an instance that takes a partition over, which
+//! writes each state record it replays to its store. The local store (a cache) keeps its
+//! events with their entity index, so the same fold applies there.
 
 use eventfold_core::Aggregate;
 use eventfold_store::{Error, Store};
