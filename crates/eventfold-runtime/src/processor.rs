@@ -195,7 +195,7 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub group: String,
     /// A changelog span at least this long is restored by bulk ingestion.
     pub bulk_min_records: u64,
-    /// Store an aggregate's state every this many versions (embedded mode; see `snapshot`).
+    /// The store keeps an aggregate's state every this many versions (see `snapshot`).
     pub state_every: u64,
 }
 
