@@ -1331,19 +1331,16 @@ impl<A: Aggregate> Processor<A> {
                     state: c.state.clone(),
                     loaded_version: c.version,
                 },
-                None => match snapshot::load::<A>(self.log.store(), &self.cfg.topics.events, id) {
-                    Ok(Some((version, state))) => Cached {
+                None => {
+                    let (version, state) = snapshot::load::<A>(self.log.store(), &self.cfg.topics.events, id)
+                        .map_err(|e| e.to_string())?
+                        .unwrap_or_default();
+                    Cached {
                         version,
                         state,
                         loaded_version: version,
-                    },
-                    Ok(None) => Cached {
-                        version: 0,
-                        state: A::default(),
-                        loaded_version: 0,
-                    },
-                    Err(e) => return Err(e.to_string()),
-                },
+                    }
+                }
             };
             working.insert(id.to_owned(), c);
         }

@@ -31,24 +31,24 @@ pub(crate) fn writes_state(every: u64, from: u64, to: u64) -> bool {
 /// it applied. `None` if the aggregate has no state and no events. A stored state or an
 /// event that does not decode, or a gap in the versions, is [`Error::Corrupt`].
 pub(crate) fn load<A: Aggregate>(store: &Store, events_topic: &str, id: &str) -> Result<Option<(u64, A)>, Error> {
-    let stored = match store.get_state(A::TYPE, id)? {
-        Some(row) => {
-            let state = serde_json::from_slice::<A>(&row.json).map_err(|e| Error::Corrupt {
-                table: "state",
-                key: format!("{}/{id}", A::TYPE),
-                reason: format!("state does not decode: {e}"),
-            })?;
-            Some((row.version, state))
-        }
-        None => None,
-    };
+    let stored = store
+        .get_state(A::TYPE, id)?
+        .map(|row| {
+            serde_json::from_slice::<A>(&row.json)
+                .map(|state| (row.version, state))
+                .map_err(|e| Error::Corrupt {
+                    table: "state",
+                    key: format!("{}/{id}", A::TYPE),
+                    reason: format!("state does not decode: {e}"),
+                })
+        })
+        .transpose()?;
     let from = stored.as_ref().map_or(0, |(v, _)| *v) + 1;
     if !store.has_entity_version(events_topic, id.as_bytes(), from)? {
         return Ok(stored);
     }
-    let (mut version, mut state) = stored.unwrap_or_else(|| (0, A::default()));
+    let (mut version, mut state) = stored.unwrap_or_default();
     for event in store.entity_events(events_topic, id.as_bytes(), from, usize::MAX)? {
-        let at = || format!("{events_topic}/{}@{}", event.partition, event.offset);
         if event.version != version + 1 {
             return Err(Error::Corrupt {
                 table: "entity",
@@ -58,7 +58,7 @@ pub(crate) fn load<A: Aggregate>(store: &Store, events_topic: &str, id: &str) ->
         }
         let decoded = serde_json::from_slice::<A::Event>(&event.record.value).map_err(|e| Error::Corrupt {
             table: "log",
-            key: at(),
+            key: format!("{events_topic}/{}@{}", event.partition, event.offset),
             reason: format!("event {} of {}/{id} does not decode: {e}", event.version, A::TYPE),
         })?;
         state.apply(&decoded);
