@@ -426,13 +426,22 @@ class Suite:
                 with svc as p:
                     p.wait_http(url + "/readyz", 120)
                     self.warm_up(app=app)
-                    runs[f"{name} topic max"].append(self.topic_load(app, a.duration, in_flight=a.in_flight))
-                    runs[f"{name} topic fixed-rate"].append(self.topic_load(app, a.duration, rate=a.kafka_rate))
-                    runs[f"{name} http max"].append(self.http_load(url, a.duration, a.concurrency))
+
+                    def staged(load):
+                        """Runs a load and adds where its transactions spent their time."""
+                        before = kafka_commit_counters(url)
+                        result = load()
+                        result["transaction_ms"] = per_transaction_ms(before, kafka_commit_counters(url))
+                        return result
+                    runs[f"{name} topic max"].append(
+                        staged(lambda: self.topic_load(app, a.duration, in_flight=a.in_flight)))
+                    runs[f"{name} topic fixed-rate"].append(
+                        staged(lambda: self.topic_load(app, a.duration, rate=a.kafka_rate)))
+                    runs[f"{name} http max"].append(staged(lambda: self.http_load(url, a.duration, a.concurrency)))
                     # Open loop needs enough connections to offer the rate at Kafka's
                     # latency (64 connections at ~50 ms cap it near 1,300/s).
-                    runs[f"{name} http fixed-rate"].append(
-                        self.http_load(url, a.duration, a.http_rate_concurrency, rate=a.kafka_rate))
+                    runs[f"{name} http fixed-rate"].append(staged(
+                        lambda: self.http_load(url, a.duration, a.http_rate_concurrency, rate=a.kafka_rate)))
                 self.drop_app(app)
             if a.no_peers:
                 continue
@@ -658,6 +667,31 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+STAGES = ("produce", "send_offsets", "delivery", "commit", "local_write")
+
+
+def kafka_commit_counters(url: str) -> dict:
+    """The Kafka log's transactions so far and the seconds they spent in each step, from
+    the service's /metrics (eventfold_log_transaction_stage_seconds_total)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("eventfold_log_group_commits_total"):
+            out["transactions"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("eventfold_log_transaction_stage_seconds_total"):
+            out[line.split('stage="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def per_transaction_ms(before: dict, after: dict) -> dict | None:
+    """Mean milliseconds per transaction in each step between two counter readings."""
+    n = after.get("transactions", 0) - before.get("transactions", 0)
+    if n <= 0 or not any(s in after for s in STAGES):  # none, or a build without the counters
+        return None
+    return {"transactions": n, **{s: (after.get(s, 0) - before.get(s, 0)) * 1e3 / n for s in STAGES}}
+
+
 def medians(runs: list[dict]) -> dict:
     """Median of the figures of interest over runs (each run a load summary or {ready_s})."""
     def pick(r):
@@ -679,6 +713,7 @@ def medians(runs: list[dict]) -> dict:
             "failed": r.get("failed", r.get("missing", 0) + r.get("duplicates", 0)),
             "service_cpu_us_per_request": r.get("service_cpu_us_per_request"),
             "stored_bytes_per_request": r.get("stored_bytes_per_request"),
+            **{f"transaction_{k}_ms": v for k, v in (r.get("transaction_ms") or {}).items() if k != "transactions"},
         }
     picked = [pick(r) for r in runs]
     return {k: statistics.median(p[k] for p in picked) for k in picked[0] if picked[0][k] is not None}
@@ -746,6 +781,15 @@ def markdown(res: dict) -> str:
             if cpu:
                 out += ["", "Service CPU per request (process user + system CPU over the measured run / its requests; "
                         "median over runs): " + ", ".join(f"{system} {fmt(v, 1)} µs" for system, v in cpu.items())]
+            staged = {system: s["median"] for system, s in sc["systems"].items()
+                      if s["median"].get("transaction_delivery_ms") is not None}
+            if staged:
+                out += ["", "Where a Kafka transaction's time goes (ms per transaction, mean over each run, median "
+                        "over runs; eventfold_log_transaction_stage_seconds_total):", "",
+                        "| system | " + " | ".join(STAGES) + " |", "|---|" + "---:|" * len(STAGES)]
+                for system, md in staged.items():
+                    out.append(f"| {system} | " + " | ".join(fmt(md.get(f"transaction_{st}_ms"), 2) for st in STAGES)
+                               + " |")
             stored = {system: s["median"]["stored_bytes_per_request"] for system, s in sc["systems"].items()
                       if s["median"].get("stored_bytes_per_request") is not None}
             if stored:

@@ -148,6 +148,41 @@ pub struct Stats {
     pub write_micros: u64,
     /// Microseconds the committer was busy (staging, writing, answering).
     pub busy_micros: u64,
+    /// Where the Kafka log's commits spend their time (all zero for the embedded log).
+    pub stages: StageMicros,
+}
+
+/// Microseconds the Kafka log's committed transactions spent in each step, summed (see
+/// [`StageMicros::named`]); together they make up most of [`Stats::write_micros`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageMicros {
+    /// `begin_transaction` and handing the records to the client.
+    pub produce: u64,
+    /// `send_offsets_to_transaction` (AddOffsetsToTxn, TxnOffsetCommit): consumed offsets
+    /// and the group generation check that fences zombies.
+    pub send_offsets: u64,
+    /// Waiting for every record's delivery report (the produce requests, each verified by
+    /// the broker against the transaction), the second wave of records built from their
+    /// offsets included.
+    pub delivery: u64,
+    /// `commit_transaction` (EndTxn).
+    pub commit: u64,
+    /// Writing each group to the local store (the cache) after its transaction, and the
+    /// groups of local changes only (views' rows), which need no transaction.
+    pub local_write: u64,
+}
+
+impl StageMicros {
+    /// Every step with its metric label, in transaction order.
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("produce", self.produce),
+            ("send_offsets", self.send_offsets),
+            ("delivery", self.delivery),
+            ("commit", self.commit),
+            ("local_write", self.local_write),
+        ]
+    }
 }
 
 /// The atomic counters behind [`Stats`], shared by the backends' committers.
@@ -158,6 +193,8 @@ pub(crate) struct Counters {
     pub(crate) records: std::sync::atomic::AtomicU64,
     pub(crate) write_micros: std::sync::atomic::AtomicU64,
     pub(crate) busy_micros: std::sync::atomic::AtomicU64,
+    /// [`StageMicros`] in the order of [`StageMicros::named`].
+    pub(crate) stage_micros: [std::sync::atomic::AtomicU64; 5],
 }
 
 impl Counters {
@@ -169,6 +206,13 @@ impl Counters {
             records: get(&self.records),
             write_micros: get(&self.write_micros),
             busy_micros: get(&self.busy_micros),
+            stages: StageMicros {
+                produce: get(&self.stage_micros[0]),
+                send_offsets: get(&self.stage_micros[1]),
+                delivery: get(&self.stage_micros[2]),
+                commit: get(&self.stage_micros[3]),
+                local_write: get(&self.stage_micros[4]),
+            },
         }
     }
 }

@@ -286,6 +286,58 @@ fn one(topic: &Arc<str>, partition: u32, value: Vec<u8>) -> CommitUnit {
     }
 }
 
+/// The stage counters split the commits' time: a transaction without consumed offsets
+/// spends next to nothing on `send_offsets`, one with them two broker round trips; every
+/// other step takes time, and
+/// the steps together fit in the commits' write time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_stages_add_up_within_the_write_time() {
+    let bootstrap = require_broker();
+    let prefix = format!("stages-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let before = log.stats();
+    assert_eq!(
+        before.stages,
+        eventfold_log::StageMicros::default(),
+        "nothing committed yet"
+    );
+    for i in 0..3u32 {
+        log.commit(one(&t, i % 2, format!("v{i}").into_bytes())).await.unwrap();
+    }
+    let plain = log.stats();
+    assert_eq!(plain.group_commits - before.group_commits, 3);
+    // Without consumed offsets the step asks the broker nothing: microseconds.
+    assert!(
+        plain.stages.send_offsets < 1_000,
+        "no consumed offsets, no request: {plain:?}"
+    );
+    for (stage, micros) in plain.stages.named() {
+        if stage != "send_offsets" {
+            assert!(micros > 0, "stage {stage} took no time: {plain:?}");
+        }
+    }
+    let mut with_offsets = one(&t, 0, b"consumed".to_vec());
+    with_offsets.consumed = vec![eventfold_log::Consumed {
+        group: format!("{prefix}-group"),
+        topic: t.clone(),
+        partition: 0,
+        next_offset: 1,
+    }];
+    log.commit(with_offsets).await.unwrap();
+    let after = log.stats();
+    // Two requests to the broker (AddOffsetsToTxn, TxnOffsetCommit): more than 100 µs.
+    let sent = after.stages.send_offsets - plain.stages.send_offsets;
+    assert!(sent >= 100, "send_offsets took {sent} µs: {after:?}");
+    let stages: u64 = after.stages.named().iter().map(|(_, m)| m).sum();
+    assert!(
+        stages <= after.write_micros,
+        "the steps ({stages} µs) fit in the commits' write time ({} µs): {after:?}",
+        after.write_micros
+    );
+}
+
 /// A unit refused before its transaction fails alone and fences its partition; a
 /// transaction the broker rejects is aborted (nothing of it is visible), fails its units
 /// and fences their partitions; the log keeps committing to other partitions.

@@ -690,6 +690,20 @@ impl Runtime {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{backend=\"{backend}\"}} {value}"
             );
         }
+        if backend == "kafka" {
+            let name = "eventfold_log_transaction_stage_seconds_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Time the Kafka log's commits spent in each step (produce, send_offsets, delivery, commit, local_write).\n# TYPE {name} counter"
+            );
+            for (stage, micros) in ls.stages.named() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{backend=\"{backend}\",stage=\"{stage}\"}} {}",
+                    micros as f64 / 1e6
+                );
+            }
+        }
         let parts = self.partitions();
         out.push_str("# HELP eventfold_restore_progress Restore progress of a partition (0 to 1).\n# TYPE eventfold_restore_progress gauge\n");
         for p in &parts {

@@ -51,6 +51,19 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
     let (st, again) = post(&url, "/v1/aggregates/order/o-3/commands", place, "place-3");
     assert_eq!((st, &again), (200, &acked["place-3"].1));
 
+    // /metrics splits the commits' time by transaction step; each step that a command
+    // over HTTP goes through took time (send_offsets too: every unit carries the
+    // partition's consumed offset, the zombie fence).
+    let metrics = get_text(&url, "/metrics");
+    for stage in ["produce", "send_offsets", "delivery", "commit", "local_write"] {
+        let prefix = format!("eventfold_log_transaction_stage_seconds_total{{backend=\"kafka\",stage=\"{stage}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&prefix));
+        let seconds: f64 = line
+            .and_then(|l| l[prefix.len()..].parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix}in /metrics:\n{metrics}"));
+        assert!(seconds > 0.0, "{stage}: {seconds} s");
+    }
+
     // The independent consumer sees every acknowledged event exactly once (I1, I2).
     let events = read_committed(&bootstrap, &format!("{app}.order.events"), 8);
     assert_eq!(

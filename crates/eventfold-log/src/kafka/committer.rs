@@ -461,6 +461,7 @@ impl Committer {
         }
         let store_started = Instant::now();
         let stored = self.store.commit(batch, false);
+        self.stats.stage_micros[4].fetch_add(store_started.elapsed().as_micros() as u64, Ordering::Relaxed);
         let group_us = write_started.elapsed().as_micros() as u64;
         tracing::debug!(
             units,
@@ -652,6 +653,10 @@ impl Committer {
             .commit_transaction(timeout)
             .map_err(|e| TxError::Kafka("commit_transaction", e))?;
         let t4 = Instant::now();
+        let stages = &self.stats.stage_micros;
+        for (i, (from, to)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)].into_iter().enumerate() {
+            stages[i].fetch_add((to - from).as_micros() as u64, Ordering::Relaxed);
+        }
         tracing::debug!(
             units = ready.len(),
             records,
