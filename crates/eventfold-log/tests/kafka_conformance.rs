@@ -489,6 +489,54 @@ async fn applied_waits_until_visible_transactions_are_in_the_local_store() {
     committing.await.unwrap().unwrap();
 }
 
+/// A group committed to Kafka while an earlier group's local write is still running (the
+/// apply thread writes them in order) is refused, not written, when that write fails:
+/// the cache would have a hole. Later units are refused before any transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_local_write_refuses_the_groups_committed_behind_it() {
+    let bootstrap = require_broker();
+    let prefix = format!("lwfail-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let o = options(&bootstrap, 2, &prefix);
+    let (delay, failures) = (
+        o.faults.local_write_delay_ms.clone(),
+        o.faults.local_write_failures.clone(),
+    );
+    let log = Arc::new(open_log(o, &dir, "a").await);
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    let first = log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+    delay.store(2_000, std::sync::atomic::Ordering::Relaxed);
+    failures.store(1, std::sync::atomic::Ordering::Relaxed);
+    let failing = tokio::spawn({
+        let log = log.clone();
+        let unit = one(&t, 0, b"failing".to_vec());
+        async move { log.commit(unit).await }
+    });
+    // Its transaction commits in milliseconds; its local write then waits 2 s.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut behind = one(&t, 1, b"behind".to_vec());
+    behind.local.put_meta("behind", 1);
+    let behind = log.commit(behind).await;
+    let e = failing.await.unwrap().unwrap_err();
+    assert!(
+        e.to_string().contains("local store write failed: injected failure"),
+        "{e}"
+    );
+    let e = behind.unwrap_err();
+    assert!(
+        e.to_string().contains("local store write failed"),
+        "refused, not written: {e}"
+    );
+    assert_eq!(
+        log.store().get_meta("behind").unwrap(),
+        None,
+        "nothing of it in the store"
+    );
+    assert_eq!(first.offsets, vec![0]);
+    let later = log.commit(one(&t, 1, b"later".to_vec())).await.unwrap_err();
+    assert!(later.to_string().contains("stopped"), "{later}");
+}
+
 /// A second instance with the same transactional id fences the first, which then refuses
 /// every unit (fail-stop) while the second commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

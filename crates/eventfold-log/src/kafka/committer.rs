@@ -1,5 +1,7 @@
-//! The committer thread: group commit of units in one Kafka transaction, then the local
-//! store write, then the answers (see the module docs of `kafka` for the failure rules).
+//! The committer thread: group commit of units in one Kafka transaction; then its apply
+//! thread writes the group to the local store and answers, in commit order, while the
+//! committer goes on with the next transaction (see the module docs of `kafka` for the
+//! failure rules).
 
 use super::clients::{base_config, kafka_error};
 use super::{Reply, Shared, Stats, TopicPartition};
@@ -224,10 +226,43 @@ pub(in crate::kafka) struct Committer {
     seq: u64,
     /// What failed units fence (`Job::fence_keys`), and why they failed.
     fenced: HashMap<TopicPartition, String>,
-    /// Taken just before a transaction's commit, dropped once its group is written here
-    /// (or failed): others may see the transaction before `finish` writes it to the local
-    /// store, and local reads wait for it (`Log::applied`).
+    /// Taken just before a transaction's commit, dropped once its group is in the local
+    /// store (or failed): others may see the transaction before the apply thread writes it to
+    /// the local store, and local reads wait for it (`Log::applied`). `finish` hands it to
+    /// the apply thread with the group.
     applying: std::cell::Cell<Option<super::ApplyTicket>>,
+    /// Hands committed groups to the apply thread (see `Applier`).
+    apply: Option<mpsc::SyncSender<Committed>>,
+}
+
+/// Committed groups waiting for the apply thread at most: past them the committer waits,
+/// so a slow local store slows the transactions rather than queueing without bound.
+const APPLY_QUEUE: usize = 2;
+
+/// Stops every lane of this log (see `Shared::poisoned`); the first reason stays.
+fn stop_all(shared: &Shared, why: String) {
+    shared.poisoned.lock().expect("poisoned lock").get_or_insert(why);
+}
+
+/// A group whose transaction committed (or that needed none), for the apply thread.
+struct Committed {
+    ready: Vec<Job>,
+    offsets: Vec<u64>,
+    transacted: bool,
+    write_started: Instant,
+    /// Dropped once the group is in the local store (see `Committer::applying`).
+    ticket: Option<super::ApplyTicket>,
+}
+
+/// The apply thread of a lane: writes each committed group to the local store, counts it
+/// and answers its callers, strictly in commit order. Callers are answered only after
+/// the local write, so a read after an answer sees the unit's effects.
+struct Applier {
+    shared: Arc<Shared>,
+    store: Store,
+    stats: Arc<Stats>,
+    /// Why a local write failed: every later group is refused.
+    failed: Option<String>,
 }
 
 impl Committer {
@@ -248,6 +283,7 @@ impl Committer {
             seq: 0,
             fenced: HashMap::new(),
             applying: std::cell::Cell::new(None),
+            apply: None,
         }
     }
 
@@ -261,6 +297,26 @@ impl Committer {
         if failed {
             return;
         }
+        // The local writes and answers of committed groups run on a thread of their own,
+        // in commit order, while this one goes on with the next transaction.
+        let (apply_tx, apply_rx) = mpsc::sync_channel::<Committed>(APPLY_QUEUE);
+        let applier = Applier {
+            shared: self.shared.clone(),
+            store: self.store.clone(),
+            stats: self.stats.clone(),
+            failed: None,
+        };
+        let applier = match std::thread::Builder::new()
+            .name("eventfold-kafka-apply".into())
+            .spawn(move || applier.run(apply_rx))
+        {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.stop_all(format!("cannot start the Kafka apply thread: {e}"));
+                return;
+            }
+        };
+        self.apply = Some(apply_tx);
         let (max_units, max_bytes) = (self.shared.options.max_group_units, self.shared.options.max_group_bytes);
         while let Ok(first) = rx.recv() {
             let mut bytes = first.bytes;
@@ -282,6 +338,9 @@ impl Committer {
                 .busy_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
+        // Every committed group is written and answered before the thread ends.
+        drop(self.apply.take());
+        let _ = applier.join();
     }
 
     /// Builds and initializes every producer of the lane that is missing.
@@ -404,8 +463,8 @@ impl Committer {
         self.finish(ready, offsets, transacted, write_started);
     }
 
-    /// After the transaction committed: remember the ends for read-your-commits, write
-    /// the local store, count, answer.
+    /// After the transaction committed: remember the ends for read-your-commits, and hand
+    /// the group to the apply thread (local store, counts, answers).
     fn finish(&mut self, ready: Vec<Job>, offsets: Vec<u64>, transacted: bool, write_started: Instant) {
         {
             let mut ends = self.shared.committed_ends.lock().expect("committed ends lock");
@@ -414,88 +473,29 @@ impl Committer {
                 *e = (*e).max(off + 1);
             }
         }
-        let ops: usize = ready
-            .iter()
-            .map(|j| j.local.len() + 2 * j.appends.len() + j.consumed.len())
-            .sum();
-        let mut batch = Batch::with_capacity(ops);
-        let mut receipts = Vec::with_capacity(ready.len());
-        let mut replies = Vec::with_capacity(ready.len());
-        let mut next = offsets.iter().copied();
-        let (mut units, mut records) = (0u64, 0u64);
-        // Records of entities (events) are kept for per-entity reads; of the others only
-        // how far the copy goes (see the module docs).
-        let mut ends: HashMap<(Arc<str>, u32), u64> = HashMap::new();
-        for job in ready {
-            let mine: Vec<u64> = next.by_ref().take(job.appends.len()).collect();
-            for ((a, record), off) in job.appends.iter().zip(job.encoded).zip(&mine) {
-                match (&a.entity, record) {
-                    (Some((entity, version)), Some(record)) => {
-                        batch.put_log_encoded(&a.topic, a.partition, *off, record);
-                        batch.put_entity(&a.topic, entity, *version, a.partition, *off);
-                    }
-                    _ => {
-                        let e = ends.entry((a.topic.clone(), a.partition)).or_insert(0);
-                        *e = (*e).max(off + 1);
-                    }
-                }
-            }
-            for c in &job.consumed {
-                batch.put_meta(&offset_key(&c.group, &c.topic, c.partition), c.next_offset);
-            }
-            batch.append(job.local);
-            units += 1;
-            records += mine.len() as u64;
-            receipts.push(Receipt { offsets: mine });
-            replies.push(job.reply);
-        }
-        for ((topic, partition), end) in ends {
-            batch.put_log_end(&topic, partition, end);
-        }
-        // No fsync: Kafka holds the committed truth and the batch carries its own
-        // checkpoints, so a batch lost to a machine crash only makes the next restore
-        // replay a little more from the topics (the store is a cache, DESIGN §3).
-        let delay = self.shared.options.faults.local_write_delay_ms.load(Ordering::Relaxed);
-        if delay > 0 {
-            std::thread::sleep(Duration::from_millis(delay));
-        }
-        let store_started = Instant::now();
-        let stored = self.store.commit(batch, false);
-        self.stats.stage_micros[4].fetch_add(store_started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        let group_us = write_started.elapsed().as_micros() as u64;
-        tracing::debug!(
-            units,
-            store_us = store_started.elapsed().as_micros() as u64,
-            group_us,
-            "group stored"
-        );
-        self.stats.write_micros.fetch_add(group_us, Ordering::Relaxed);
-        if let Err(e) = stored {
-            // Kafka holds the units but the local cache does not: nothing may be built on
-            // this store any more until a restart restores it from Kafka.
-            let why = format!("the transaction committed but the local store write failed: {e}");
-            tracing::error!(error = %why, "Kafka log stops");
-            for reply in replies {
-                let _ = reply.send(Err(Error::Closed(why.clone())));
+        let group = Committed {
+            ready,
+            offsets,
+            transacted,
+            write_started,
+            ticket: self.applying.take(),
+        };
+        let apply = self
+            .apply
+            .as_ref()
+            .expect("the apply thread runs while the committer does");
+        if let Err(mpsc::SendError(group)) = apply.send(group) {
+            let why = "the Kafka apply thread stopped".to_owned();
+            for job in group.ready {
+                let _ = job.reply.send(Err(Error::Closed(why.clone())));
             }
             self.stop_all(why);
-            return;
-        }
-        if transacted {
-            self.stats.group_commits.fetch_add(1, Ordering::Relaxed);
-        }
-        self.stats.units.fetch_add(units, Ordering::Relaxed);
-        self.stats.records.fetch_add(records, Ordering::Relaxed);
-        for (reply, receipt) in replies.into_iter().zip(receipts) {
-            let _ = reply.send(Ok(receipt));
         }
     }
 
-    /// Stops every lane of this log (see `Shared::poisoned`); the first reason stays.
     fn stop_all(&self, why: String) {
-        self.shared.poisoned.lock().expect("poisoned lock").get_or_insert(why);
+        stop_all(&self.shared, why);
     }
-
     fn fence(&mut self, job: &Job, why: &str) {
         for tp in job.fence_keys() {
             self.fenced.entry(tp).or_insert_with(|| why.to_owned());
@@ -835,4 +835,117 @@ impl Committer {
 enum TxError {
     Kafka(&'static str, KafkaError),
     Other(&'static str, String),
+}
+
+impl Applier {
+    fn run(mut self, rx: mpsc::Receiver<Committed>) {
+        while let Ok(group) = rx.recv() {
+            self.apply(group);
+        }
+    }
+
+    /// Writes one committed group to the local store, counts it and answers its callers;
+    /// once a local write failed (or the log stopped) it only refuses.
+    fn apply(&mut self, group: Committed) {
+        let Committed {
+            ready,
+            offsets,
+            transacted,
+            write_started,
+            ticket,
+        } = group;
+        let _ticket = ticket;
+        if let Some(why) = &self.failed {
+            // Committed after a group the local store could not take: writing it would
+            // leave a hole in the cache. Kafka holds it; a restart restores it.
+            for job in ready {
+                let _ = job.reply.send(Err(Error::Closed(why.clone())));
+            }
+            return;
+        }
+        let ops: usize = ready
+            .iter()
+            .map(|j| j.local.len() + 2 * j.appends.len() + j.consumed.len())
+            .sum();
+        let mut batch = Batch::with_capacity(ops);
+        let mut receipts = Vec::with_capacity(ready.len());
+        let mut replies = Vec::with_capacity(ready.len());
+        let mut next = offsets.iter().copied();
+        let (mut units, mut records) = (0u64, 0u64);
+        // Records of entities (events) are kept for per-entity reads; of the others only
+        // how far the copy goes (see the module docs).
+        let mut ends: HashMap<(Arc<str>, u32), u64> = HashMap::new();
+        for job in ready {
+            let mine: Vec<u64> = next.by_ref().take(job.appends.len()).collect();
+            for ((a, record), off) in job.appends.iter().zip(job.encoded).zip(&mine) {
+                match (&a.entity, record) {
+                    (Some((entity, version)), Some(record)) => {
+                        batch.put_log_encoded(&a.topic, a.partition, *off, record);
+                        batch.put_entity(&a.topic, entity, *version, a.partition, *off);
+                    }
+                    _ => {
+                        let e = ends.entry((a.topic.clone(), a.partition)).or_insert(0);
+                        *e = (*e).max(off + 1);
+                    }
+                }
+            }
+            for c in &job.consumed {
+                batch.put_meta(&offset_key(&c.group, &c.topic, c.partition), c.next_offset);
+            }
+            batch.append(job.local);
+            units += 1;
+            records += mine.len() as u64;
+            receipts.push(Receipt { offsets: mine });
+            replies.push(job.reply);
+        }
+        for ((topic, partition), end) in ends {
+            batch.put_log_end(&topic, partition, end);
+        }
+        // No fsync: Kafka holds the committed truth and the batch carries its own
+        // checkpoints, so a batch lost to a machine crash only makes the next restore
+        // replay a little more from the topics (the store is a cache, DESIGN §3).
+        let delay = self.shared.options.faults.local_write_delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
+        let store_started = Instant::now();
+        let failures = &self.shared.options.faults.local_write_failures;
+        let stored = if failures
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            Err("injected failure".to_owned())
+        } else {
+            self.store.commit(batch, false).map_err(|e| e.to_string())
+        };
+        self.stats.stage_micros[4].fetch_add(store_started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let group_us = write_started.elapsed().as_micros() as u64;
+        tracing::debug!(
+            units,
+            store_us = store_started.elapsed().as_micros() as u64,
+            group_us,
+            "group stored"
+        );
+        self.stats.write_micros.fetch_add(group_us, Ordering::Relaxed);
+        if let Err(e) = stored {
+            // Kafka holds the units but the local cache does not: nothing may be built on
+            // this store any more until a restart restores it from Kafka.
+            let why = format!("the transaction committed but the local store write failed: {e}");
+            tracing::error!(error = %why, "Kafka log stops");
+            for reply in replies {
+                let _ = reply.send(Err(Error::Closed(why.clone())));
+            }
+            self.failed = Some(why.clone());
+            stop_all(&self.shared, why);
+            return;
+        }
+        if transacted {
+            self.stats.group_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats.units.fetch_add(units, Ordering::Relaxed);
+        self.stats.records.fetch_add(records, Ordering::Relaxed);
+        for (reply, receipt) in replies.into_iter().zip(receipts) {
+            let _ = reply.send(Ok(receipt));
+        }
+    }
 }

@@ -173,6 +173,9 @@ pub struct Faults {
     /// Milliseconds the committer waits between a transaction's commit and its local
     /// store write (0: none): widens the window [`Log::applied`] closes.
     pub local_write_delay_ms: Arc<AtomicU64>,
+    /// While positive, each local store write of a committed group fails (after the
+    /// delay above), and the count drops by one.
+    pub local_write_failures: Arc<AtomicU64>,
 }
 
 impl KafkaOptions {
