@@ -193,8 +193,17 @@ pub(crate) struct Counters {
     pub(crate) records: std::sync::atomic::AtomicU64,
     pub(crate) write_micros: std::sync::atomic::AtomicU64,
     pub(crate) busy_micros: std::sync::atomic::AtomicU64,
-    /// [`StageMicros`] in the order of [`StageMicros::named`].
-    pub(crate) stage_micros: [std::sync::atomic::AtomicU64; 5],
+    pub(crate) stages: StageCounters,
+}
+
+/// The atomic counters behind [`StageMicros`].
+#[derive(Debug, Default)]
+pub(crate) struct StageCounters {
+    pub(crate) produce: std::sync::atomic::AtomicU64,
+    pub(crate) send_offsets: std::sync::atomic::AtomicU64,
+    pub(crate) delivery: std::sync::atomic::AtomicU64,
+    pub(crate) commit: std::sync::atomic::AtomicU64,
+    pub(crate) local_write: std::sync::atomic::AtomicU64,
 }
 
 impl Counters {
@@ -207,11 +216,11 @@ impl Counters {
             write_micros: get(&self.write_micros),
             busy_micros: get(&self.busy_micros),
             stages: StageMicros {
-                produce: get(&self.stage_micros[0]),
-                send_offsets: get(&self.stage_micros[1]),
-                delivery: get(&self.stage_micros[2]),
-                commit: get(&self.stage_micros[3]),
-                local_write: get(&self.stage_micros[4]),
+                produce: get(&self.stages.produce),
+                send_offsets: get(&self.stages.send_offsets),
+                delivery: get(&self.stages.delivery),
+                commit: get(&self.stages.commit),
+                local_write: get(&self.stages.local_write),
             },
         }
     }

@@ -288,8 +288,7 @@ fn one(topic: &Arc<str>, partition: u32, value: Vec<u8>) -> CommitUnit {
 
 /// The stage counters split the commits' time: a transaction without consumed offsets
 /// spends next to nothing on `send_offsets`, one with them two broker round trips; every
-/// other step takes time, and
-/// the steps together fit in the commits' write time.
+/// other step takes time, and the steps together fit in the commits' write time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_stages_add_up_within_the_write_time() {
     let bootstrap = require_broker();

@@ -496,6 +496,7 @@ impl Committer {
     fn stop_all(&self, why: String) {
         stop_all(&self.shared, why);
     }
+
     fn fence(&mut self, job: &Job, why: &str) {
         for tp in job.fence_keys() {
             self.fenced.entry(tp).or_insert_with(|| why.to_owned());
@@ -653,9 +654,14 @@ impl Committer {
             .commit_transaction(timeout)
             .map_err(|e| TxError::Kafka("commit_transaction", e))?;
         let t4 = Instant::now();
-        let stages = &self.stats.stage_micros;
-        for (i, (from, to)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)].into_iter().enumerate() {
-            stages[i].fetch_add((to - from).as_micros() as u64, Ordering::Relaxed);
+        let stages = &self.stats.stages;
+        for (counter, from, to) in [
+            (&stages.produce, t0, t1),
+            (&stages.send_offsets, t1, t2),
+            (&stages.delivery, t2, t3),
+            (&stages.commit, t3, t4),
+        ] {
+            counter.fetch_add((to - from).as_micros() as u64, Ordering::Relaxed);
         }
         tracing::debug!(
             units = ready.len(),
@@ -845,16 +851,16 @@ impl Applier {
     }
 
     /// Writes one committed group to the local store, counts it and answers its callers;
-    /// once a local write failed (or the log stopped) it only refuses.
+    /// once a local write failed it only refuses. The group's ticket is dropped when it
+    /// returns.
     fn apply(&mut self, group: Committed) {
         let Committed {
             ready,
             offsets,
             transacted,
             write_started,
-            ticket,
+            ticket: _ticket,
         } = group;
-        let _ticket = ticket;
         if let Some(why) = &self.failed {
             // Committed after a group the local store could not take: writing it would
             // leave a hole in the cache. Kafka holds it; a restart restores it.
@@ -918,14 +924,10 @@ impl Applier {
         } else {
             self.store.commit(batch, false).map_err(|e| e.to_string())
         };
-        self.stats.stage_micros[4].fetch_add(store_started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let store_us = store_started.elapsed().as_micros() as u64;
+        self.stats.stages.local_write.fetch_add(store_us, Ordering::Relaxed);
         let group_us = write_started.elapsed().as_micros() as u64;
-        tracing::debug!(
-            units,
-            store_us = store_started.elapsed().as_micros() as u64,
-            group_us,
-            "group stored"
-        );
+        tracing::debug!(units, store_us, group_us, "group stored");
         self.stats.write_micros.fetch_add(group_us, Ordering::Relaxed);
         if let Err(e) = stored {
             // Kafka holds the units but the local cache does not: nothing may be built on

@@ -170,7 +170,7 @@ pub struct Faults {
     /// fails as a timed-out commit (the outcome left unknown, even when librdkafka managed
     /// to answer in time), and the count drops by one.
     pub commit_timeouts: Arc<AtomicU64>,
-    /// Milliseconds the committer waits between a transaction's commit and its local
+    /// Milliseconds the apply thread waits between a transaction's commit and its local
     /// store write (0: none): widens the window [`Log::applied`] closes.
     pub local_write_delay_ms: Arc<AtomicU64>,
     /// While positive, each local store write of a committed group fails (after the
