@@ -287,6 +287,12 @@ pub trait Log: Send + Sync + 'static {
     fn stats(&self) -> Stats {
         Stats::default()
     }
+    /// How many units of one lane a writer should keep committing at once (4): enough to
+    /// overlap its processing with the commits under way, few enough that units grow
+    /// under load. The Kafka log says more (see `kafka::UNITS_IN_FLIGHT`).
+    fn units_in_flight(&self) -> usize {
+        4
+    }
     /// Whether the local store is only a cache of this log (Kafka: another machine may
     /// take over with an empty store). Then writers also append their state and command
     /// outcomes to changelog topics, and restore the store from them before they run.

@@ -86,6 +86,9 @@ impl Log for GatedLog {
     fn store_is_cache(&self) -> bool {
         self.inner.store_is_cache()
     }
+    fn units_in_flight(&self) -> usize {
+        self.inner.units_in_flight()
+    }
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }
@@ -147,6 +150,9 @@ impl Log for SlowReads {
     }
     fn store_is_cache(&self) -> bool {
         self.inner.store_is_cache()
+    }
+    fn units_in_flight(&self) -> usize {
+        self.inner.units_in_flight()
     }
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await

@@ -45,9 +45,10 @@ pub struct RuntimeOptions {
     pub dedup_sweep_every: Duration,
     /// Aggregates kept in memory per partition (100,000).
     pub cache_limit: usize,
-    /// Batches per partition whose commit may be under way at once (4): processing of
-    /// the next batch overlaps with the fsync of the previous ones.
-    pub max_inflight_commits: usize,
+    /// Batches per partition whose commit may be under way at once (`None`: the log's
+    /// `Log::units_in_flight`, 4 on the embedded log, 32 on Kafka): processing of the next
+    /// batch overlaps with the commits of the previous ones.
+    pub max_inflight_commits: Option<usize>,
     /// Kafka mode: a changelog span at least this long (records of one events or state
     /// partition not in the local store yet, e.g. on a new instance) is restored by bulk
     /// ingestion into the store instead of through its journal (50,000).
@@ -72,7 +73,7 @@ impl Default for RuntimeOptions {
             dedup_window: Duration::from_secs(24 * 3600),
             dedup_sweep_every: Duration::from_secs(60),
             cache_limit: 100_000,
-            max_inflight_commits: 4,
+            max_inflight_commits: None,
             restore_bulk_min_records: 50_000,
             state_every: 8,
         }
@@ -393,7 +394,10 @@ fn start<A: Aggregate>(
             dedup_window_ms: options.dedup_window.as_millis() as i64,
             dedup_sweep_every: options.dedup_sweep_every,
             cache_limit: options.cache_limit,
-            max_inflight: options.max_inflight_commits.max(1),
+            max_inflight: options
+                .max_inflight_commits
+                .unwrap_or_else(|| log.units_in_flight())
+                .max(1),
             group: options.app_id.clone(),
             bulk_min_records: options.restore_bulk_min_records,
             state_every: options.state_every,

@@ -350,3 +350,106 @@ async fn states_are_stored_every_few_versions_and_loads_fold_the_events_after_th
     let err = svc.submit(add("a", 1, None)).await.unwrap_err().to_string();
     assert!(err.contains("event 10 of counter/a does not decode"), "{err}");
 }
+
+/// A log that holds back the answer of every commit until the test releases it, and
+/// counts how many are under way: what a processor keeps in flight.
+struct HeldCommits {
+    inner: Arc<dyn Log>,
+    units: usize,
+    outstanding: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl Log for HeldCommits {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn partitions(&self) -> u32 {
+        self.inner.partitions()
+    }
+    fn store(&self) -> &Store {
+        self.inner.store()
+    }
+    fn units_in_flight(&self) -> usize {
+        self.units
+    }
+    fn commit(&self, unit: eventfold_log::CommitUnit) -> eventfold_log::CommitFuture {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.outstanding.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        let committed = self.inner.commit(unit);
+        let (outstanding, release) = (self.outstanding.clone(), self.release.clone());
+        Box::pin(async move {
+            release.acquire().await.expect("never closed").forget();
+            let receipt = committed.await;
+            outstanding.fetch_sub(1, SeqCst);
+            receipt
+        })
+    }
+    async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> eventfold_log::Result<Vec<(u64, eventfold_core::Record)>> {
+        self.inner.read(topic, partition, from, max).await
+    }
+    async fn end_offset(&self, topic: &str, partition: u32) -> eventfold_log::Result<u64> {
+        self.inner.end_offset(topic, partition).await
+    }
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> eventfold_log::Result<Option<u64>> {
+        self.inner.committed_offset(group, topic, partition).await
+    }
+}
+
+/// Submits commands one at a time to a partition whose commits never finish, and returns
+/// the most commits it had under way at once; then lets them finish.
+async fn most_commits_under_way(units: usize, max_inflight_commits: Option<usize>) -> usize {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let held = HeldCommits {
+        inner: embedded(&dir, 1),
+        units,
+        outstanding: Default::default(),
+        most: Default::default(),
+        release: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let (most, release) = (held.most.clone(), held.release.clone());
+    let rt = Runtime::builder(RuntimeOptions {
+        max_inflight_commits,
+        ..Default::default()
+    })
+    .aggregate::<Counter>(())
+    .build(Arc::new(held));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(
+            async move { svc.submit(add(&format!("c{i}"), 1, None)).await },
+        ));
+        // Each command comes while the earlier ones' commits are held: a unit of its own
+        // as long as the processor may start one.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let seen = most.load(SeqCst);
+    release.add_permits(1_000);
+    for t in tasks {
+        let outcome = t.await.unwrap().expect("every command commits once released");
+        assert!(
+            matches!(outcome, Outcome::Accepted(a) if a.version == 1),
+            "accepted at version 1"
+        );
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processors_keep_as_many_commits_under_way_as_the_log_asks_unless_told() {
+    assert_eq!(most_commits_under_way(3, None).await, 3, "the log's units_in_flight");
+    assert_eq!(most_commits_under_way(7, None).await, 7, "the log's units_in_flight");
+    assert_eq!(most_commits_under_way(7, Some(2)).await, 2, "the runtime option wins");
+}
