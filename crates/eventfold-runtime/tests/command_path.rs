@@ -405,8 +405,9 @@ impl Log for HeldCommits {
     }
 }
 
-/// Submits commands one at a time to a partition whose commits never finish, and returns
-/// the most commits it had under way at once; then lets them finish.
+/// Submits commands one at a time to a partition whose commits are held until the last
+/// was submitted, and returns the most commits it had under way at once; then lets them
+/// finish.
 async fn most_commits_under_way(units: usize, max_inflight_commits: Option<usize>) -> usize {
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
