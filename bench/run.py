@@ -397,9 +397,14 @@ class Suite:
                   "workload": "PlaceOrder on a fresh order per command",
                   "load_generator": "eventfold load-topic (results read_committed) / eventfold load (HTTP)",
                   "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}"}
-        shops = self.shops(params)
+        # Each system: its binary (None: this build's) and extra arguments.
+        systems = [(name, binary, ()) for name, binary in self.shops(params).items()]
+        if a.kafka_paced_ms:
+            # This build again with transactions spaced (--kafka-min-transaction-interval-ms).
+            systems.append(("eventfold paced", None, ("--kafka-min-transaction-interval-ms", str(a.kafka_paced_ms))))
+            params["paced_min_transaction_interval_ms"] = a.kafka_paced_ms
         loads = ("topic max", "topic fixed-rate", "http max", "http fixed-rate")
-        runs = {f"{name} {load}": [] for name in shops for load in loads}
+        runs = {f"{name} {load}": [] for name, _, _ in systems for load in loads}
         runs.update({"kafka-streams topic max": [], "kafka-streams topic fixed-rate": []})
         if self.broker_started and not a.smoke:
             # A broker started a moment ago still compiles its hot paths (its JIT took
@@ -418,11 +423,11 @@ class Suite:
             shutil.rmtree(self.work / "kafka-warm", ignore_errors=True)
             self.drop_app(app)
         for i in range(a.runs):
-            for k, (name, binary) in enumerate(shops.items()):
+            for k, (name, binary, extra) in enumerate(systems):
                 app = f"efb{self.run_tag}r{i}s{k}"
                 log(f"kafka run {i + 1}/{a.runs}: {name} (app {app})")
-                svc, url = self.shop(f"{name}-kafka-{i}", self.work / f"kafka-{i}-{k}", kafka=True, app=app,
-                                     partitions=a.partitions, binary=binary)
+                svc, url = self.shop(f"{name.replace(' ', '-')}-kafka-{i}", self.work / f"kafka-{i}-{k}", kafka=True,
+                                     app=app, partitions=a.partitions, binary=binary, extra=extra)
                 with svc as p:
                     p.wait_http(url + "/readyz", 120)
                     self.warm_up(app=app)
@@ -460,6 +465,7 @@ class Suite:
         pairs = [("eventfold topic max", "kafka-streams topic max"),
                  ("eventfold topic fixed-rate", "kafka-streams topic fixed-rate")]
         pairs += [(f"eventfold {load}", f"baseline {load}") for load in loads]
+        pairs += [(f"eventfold paced {load}", f"eventfold {load}") for load in loads]
         self.record("kafka", params, runs, pairs=pairs)
 
     def scenario_restore(self):
@@ -877,6 +883,9 @@ def main():
     ap.add_argument("--warmup", help="unmeasured load run before each system's measured runs (default 3s; smoke none)")
     ap.add_argument("--concurrency", type=int, default=64, help="HTTP clients (default 64)")
     ap.add_argument("--kafka-rate", type=int, help="fixed rate for latency runs, commands/s (default 5000; smoke 500)")
+    ap.add_argument("--kafka-paced-ms", type=int, default=20,
+                    help="kafka scenario: also measure this build as 'eventfold paced', with "
+                         "--kafka-min-transaction-interval-ms N (default 20; 0: not)")
     ap.add_argument("--http-rate-concurrency", type=int, default=1024,
                     help="HTTP connections for the fixed-rate run in Kafka mode (default 1024)")
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")

@@ -337,6 +337,73 @@ async fn transaction_stages_add_up_within_the_write_time() {
     );
 }
 
+/// `min_transaction_interval` spaces only back-to-back transactions. Units committed one
+/// after the other, each awaited, find the lane idle and start at once; a stream of units
+/// that keeps the queue full commits in transactions at least the interval apart, each
+/// taking what arrived meanwhile, and every unit commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_back_to_back_transactions_keep_the_minimum_interval() {
+    let bootstrap = require_broker();
+    let prefix = format!("pace-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(&bootstrap, 2, &prefix);
+    o.min_transaction_interval = eventfold_log::kafka::MAX_TRANSACTION_INTERVAL;
+    let log = open_log(o, &dir, "a").await;
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+
+    // One at a time: with the interval applied, four of these five would wait about 1 s.
+    let started = Instant::now();
+    for i in 0..5u32 {
+        log.commit(one(&t, i % 2, format!("alone {i}").into_bytes()))
+            .await
+            .unwrap();
+    }
+    let alone = started.elapsed();
+    assert!(
+        alone < Duration::from_millis(2500),
+        "five units committed one after the other took {alone:?}: a lone unit waited for the interval"
+    );
+    drop(log);
+
+    // A steady stream, a unit every millisecond or so for 2 s, on a log spacing
+    // transactions 250 ms: every transaction takes longer than a millisecond (librdkafka
+    // alone waits that long before it registers the partitions), so units queue during
+    // each, and the lane stays busy.
+    let interval = Duration::from_millis(250);
+    let mut o = options(&bootstrap, 2, &prefix);
+    o.min_transaction_interval = interval;
+    let log = open_log(o, &dir, "b").await;
+    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+    let before = log.stats();
+    let started = Instant::now();
+    let mut pending = Vec::new();
+    while started.elapsed() < Duration::from_secs(2) {
+        pending.push(log.commit(one(&t, pending.len() as u32 % 2, b"stream".to_vec())));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let units = pending.len() as u64;
+    // Each was enqueued by `commit`: awaiting them in turn waits for all.
+    for (i, receipt) in pending.into_iter().enumerate() {
+        receipt
+            .await
+            .unwrap_or_else(|e| panic!("unit {i} of the stream failed: {e}"));
+    }
+    let took = started.elapsed();
+    let after = log.stats();
+    let transactions = after.group_commits - before.group_commits;
+    assert_eq!(
+        after.units - before.units,
+        units,
+        "every unit of the stream committed once"
+    );
+    let most = took.as_millis() / interval.as_millis() + 1;
+    assert!(
+        (2..=most as u64).contains(&transactions),
+        "{units} units in {took:?} took {transactions} transactions: at most {most} are {interval:?} apart"
+    );
+}
+
 /// A unit refused before its transaction fails alone and fences its partition; a
 /// transaction the broker rejects is aborted (nothing of it is visible), fails its units
 /// and fences their partitions; the log keeps committing to other partitions.

@@ -1,7 +1,9 @@
 //! The committer thread: group commit of units in one Kafka transaction; then its apply
 //! thread writes the group to the local store and answers, in commit order, while the
 //! committer goes on with the next transaction (see the module docs of `kafka` for the
-//! failure rules).
+//! failure rules). A transaction takes every unit queued when it starts; while units keep
+//! queueing, the next one starts no sooner than `KafkaOptions::min_transaction_interval`
+//! after it, collecting the units that arrive meanwhile.
 
 use super::clients::{base_config, kafka_error};
 use super::{Reply, Shared, Stats, TopicPartition};
@@ -318,25 +320,50 @@ impl Committer {
         };
         self.apply = Some(apply_tx);
         let (max_units, max_bytes) = (self.shared.options.max_group_units, self.shared.options.max_group_bytes);
-        while let Ok(first) = rx.recv() {
+        let interval = self.shared.options.min_transaction_interval;
+        // A unit that was already waiting when the last group was done: the lane is
+        // busy, and the next transaction keeps `min_transaction_interval` from the last.
+        let mut waiting: Option<Job> = None;
+        let mut last_start = Instant::now();
+        loop {
+            let (first, busy) = match waiting.take() {
+                Some(job) => (job, true),
+                None => match rx.recv() {
+                    Ok(job) => (job, false),
+                    Err(_) => break,
+                },
+            };
+            let not_before = busy.then(|| last_start + interval);
             let mut bytes = first.bytes;
             let mut jobs = vec![first];
             while jobs.len() < max_units && bytes < max_bytes {
-                match rx.try_recv() {
+                let next = match rx.try_recv() {
+                    Ok(job) => Ok(job),
+                    Err(mpsc::TryRecvError::Empty) => {
+                        match not_before.map(|t| t.saturating_duration_since(Instant::now())) {
+                            Some(left) if !left.is_zero() => rx.recv_timeout(left).map_err(drop),
+                            _ => Err(()),
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => Err(()),
+                };
+                match next {
                     Ok(job) => {
                         bytes += job.bytes;
                         jobs.push(job);
                     }
-                    Err(_) => break,
+                    Err(()) => break,
                 }
             }
             let started = Instant::now();
+            last_start = started;
             self.commit_group(jobs);
             // Written here or failed: local reads waiting for it go on.
             drop(self.applying.take());
             self.stats
                 .busy_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            waiting = rx.try_recv().ok();
         }
         // Every committed group is written and answered before the thread ends.
         drop(self.apply.take());
