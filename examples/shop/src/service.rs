@@ -7,7 +7,7 @@ use eventfold::Projection;
 use eventfold::http::HttpOptions;
 use eventfold::log::Log;
 use eventfold::log::embedded::{self, EmbeddedLog};
-use eventfold::log::kafka::{KafkaLog, KafkaOptions};
+use eventfold::log::kafka::{KafkaLog, KafkaOptions, MAX_TRANSACTION_INTERVAL};
 use eventfold::rebuild::ProgressDrawTarget;
 use eventfold::runtime::{RebuildStats, Registry, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
@@ -96,7 +96,7 @@ pub struct ServeOptions {
     /// load each transaction takes what arrived meanwhile. Spares the broker (its cost is
     /// mostly per transaction) at the price of latency: 20 suits a broker on the same two
     /// cores at 5,000 commands/s (README, Benchmarks).
-    #[arg(long, env = "EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    #[arg(long, env = "EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS", default_value_t = KafkaOptions::new("", 1, "").min_transaction_interval.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=MAX_TRANSACTION_INTERVAL.as_millis() as u64))]
     pub kafka_min_transaction_interval_ms: u64,
     /// Kafka mode: bound in seconds on every blocking broker call (transaction commit or
     /// abort, offsets, metadata). A transaction that cannot commit within it fails and its

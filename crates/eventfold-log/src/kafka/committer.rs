@@ -337,23 +337,16 @@ impl Committer {
             let mut bytes = first.bytes;
             let mut jobs = vec![first];
             while jobs.len() < max_units && bytes < max_bytes {
-                let next = match rx.try_recv() {
-                    Ok(job) => Ok(job),
-                    Err(mpsc::TryRecvError::Empty) => {
-                        match not_before.map(|t| t.saturating_duration_since(Instant::now())) {
-                            Some(left) if !left.is_zero() => rx.recv_timeout(left).map_err(drop),
-                            _ => Err(()),
-                        }
-                    }
-                    Err(mpsc::TryRecvError::Disconnected) => Err(()),
+                // Until `not_before`, wait for more units; after it, take only queued ones.
+                let left = not_before.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+                let next = if left.is_zero() {
+                    rx.try_recv().ok()
+                } else {
+                    rx.recv_timeout(left).ok()
                 };
-                match next {
-                    Ok(job) => {
-                        bytes += job.bytes;
-                        jobs.push(job);
-                    }
-                    Err(()) => break,
-                }
+                let Some(job) = next else { break };
+                bytes += job.bytes;
+                jobs.push(job);
             }
             let started = Instant::now();
             last_start = started;
