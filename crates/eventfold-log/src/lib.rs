@@ -150,6 +150,11 @@ pub struct Stats {
     pub busy_micros: u64,
     /// Where the Kafka log's commits spend their time (all zero for the embedded log).
     pub stages: StageMicros,
+    /// Kafka: reads the local cache could not answer, whose records came from the broker.
+    pub broker_reads: u64,
+    /// Kafka: the partition ends asked of the broker (`ListOffsets`), by `end_offset`
+    /// and by reads the local cache could not answer.
+    pub end_offset_queries: u64,
 }
 
 /// Microseconds the Kafka log's committed transactions spent in each step, summed (see
@@ -194,6 +199,8 @@ pub(crate) struct Counters {
     pub(crate) write_micros: std::sync::atomic::AtomicU64,
     pub(crate) busy_micros: std::sync::atomic::AtomicU64,
     pub(crate) stages: StageCounters,
+    pub(crate) broker_reads: std::sync::atomic::AtomicU64,
+    pub(crate) end_offset_queries: std::sync::atomic::AtomicU64,
 }
 
 /// The atomic counters behind [`StageMicros`].
@@ -222,6 +229,8 @@ impl Counters {
                 commit: get(&self.stages.commit),
                 local_write: get(&self.stages.local_write),
             },
+            broker_reads: get(&self.broker_reads),
+            end_offset_queries: get(&self.end_offset_queries),
         }
     }
 }
@@ -316,6 +325,17 @@ pub trait Log: Send + Sync + 'static {
     async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
         let _ = (topic, partition);
         Ok(true)
+    }
+    /// The caller says whether only this log's commits write `topic`/`partition` from now
+    /// on, its earlier records being all in the local store (`true`: the caller owns the
+    /// partition and restored it), or no longer (`false`, the default state). A backend
+    /// whose store caches a remote log (Kafka) then answers a read from the end of its copy
+    /// locally (nothing more to read once its own commits are stored) instead of asking the
+    /// broker for the partition's end: a view that reads at the end of the events it
+    /// follows would otherwise send a request at every poll. Saying `true` wrongly makes
+    /// such reads miss other writers' records. Other logs ignore it.
+    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
+        let _ = (topic, partition, sole);
     }
     /// After a failed commit: once every unit the caller started in `lane` has resolved
     /// (the later ones fail too, they were built on the failed one), lifts the fence that

@@ -98,6 +98,9 @@ impl Log for GatedLog {
     async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
         self.inner.settle(topic, partition).await
     }
+    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
+        self.inner.set_sole_writer(topic, partition, sole)
+    }
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
         self.inner.follow(topic, starts)
     }
@@ -162,6 +165,9 @@ impl Log for SlowReads {
     }
     async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
         self.inner.settle(topic, partition).await
+    }
+    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
+        self.inner.set_sole_writer(topic, partition, sole)
     }
     fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
         self.inner.follow(topic, starts)

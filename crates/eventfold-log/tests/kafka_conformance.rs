@@ -782,6 +782,101 @@ async fn cached_reads_equal_the_brokers() {
     assert_eq!(log.read(&events, 1, stored, 1).await.unwrap(), vec![(stored, marker)]);
 }
 
+/// A log told that it alone writes a partition (`set_sole_writer`, which the runtime says
+/// of the partitions it owns and restored) answers reads at the end of its copy without a
+/// request to the broker: its own commits, even one whose transaction others already see
+/// while it is not in the cache yet (the read waits for it), and nothing past them (only
+/// transaction markers). Told otherwise, it asks the broker and finds another writer's
+/// records, which a wrong claim would hide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sole_writer_reads_the_end_of_its_copy_without_asking_the_broker() {
+    let bootstrap = require_broker();
+    let prefix = format!("sole-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let o = options(&bootstrap, 2, &prefix);
+    let delay = o.faults.local_write_delay_ms.clone();
+    let log = Arc::new(open_log(o, &dir, "a").await);
+    let mut other_options = options(&bootstrap, 2, &prefix);
+    other_options.transactional_id = format!("{prefix}-other");
+    let other = open_log(other_options, &dir, "b").await;
+    let events: Arc<str> = Arc::from(format!("{prefix}.order.events"));
+    let event = |n: u64| CommitUnit {
+        appends: vec![Append {
+            topic: events.clone(),
+            partition: 0,
+            record: eventfold_core::Record {
+                key: format!("o-{n}").into_bytes(),
+                value: format!("event {n}").into_bytes(),
+                headers: vec![],
+                timestamp_ms: 1,
+            },
+            entity: Some((format!("o-{n}").into_bytes(), 1)),
+        }],
+        ..Default::default()
+    };
+    let requests = |log: &KafkaLog| {
+        let s = log.stats();
+        s.end_offset_queries + s.broker_reads
+    };
+    let offsets = |got: Vec<(u64, eventfold_core::Record)>| got.into_iter().map(|(o, _)| o).collect::<Vec<_>>();
+    log.commit(event(0)).await.unwrap();
+    log.set_sole_writer(&events, 0, true);
+    let before = requests(&log);
+    for n in 1..=3 {
+        let at = log.commit(event(n)).await.unwrap().offsets[0];
+        assert_eq!(offsets(log.read(&events, 0, at, 10).await.unwrap()), vec![at]);
+        assert_eq!(
+            log.read(&events, 0, at + 1, 10).await.unwrap(),
+            vec![],
+            "past the last commit"
+        );
+        let mut lent = 0;
+        log.read_with(&events, 0, at + 1, 10, &mut |_, _| {
+            lent += 1;
+            true
+        })
+        .await
+        .unwrap();
+        assert_eq!(lent, 0, "read_with past the last commit");
+    }
+    // A transaction others see before this log's cache holds it (its write waits 1.5 s).
+    let end = log.store().stored_log_end(&events, 0).unwrap();
+    delay.store(1_500, std::sync::atomic::Ordering::Relaxed);
+    let committing = tokio::spawn({
+        let (log, unit) = (log.clone(), event(4));
+        async move { log.commit(unit).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while other.read(&events, 0, end, 10).await.unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the transaction never became visible"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        log.store().stored_log_end(&events, 0).unwrap(),
+        end,
+        "not in the cache yet"
+    );
+    let got = log.read(&events, 0, end, 10).await.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].1.value, b"event 4");
+    delay.store(0, std::sync::atomic::Ordering::Relaxed);
+    let last = committing.await.unwrap().unwrap().offsets[0];
+    assert_eq!(requests(&log), before, "no request to the broker while the sole writer");
+    // Another writer (as if the partition had moved without this log being told).
+    let theirs = other.commit(event(99)).await.unwrap().offsets[0];
+    assert_eq!(
+        log.read(&events, 0, last + 1, 10).await.unwrap(),
+        vec![],
+        "a sole writer trusts its copy"
+    );
+    log.set_sole_writer(&events, 0, false);
+    assert_eq!(offsets(log.read(&events, 0, last + 1, 10).await.unwrap()), vec![theirs]);
+    assert!(requests(&log) > before, "read from the broker");
+}
+
 /// Topics are created on first use with the configs of their suffix (DESIGN §2), as the
 /// broker reports them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

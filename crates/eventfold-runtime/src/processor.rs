@@ -321,10 +321,21 @@ impl<A: Aggregate> Processor<A> {
         }
     }
 
+    /// Sets the partition's state, and tells the log whether this instance alone writes
+    /// the partition's events now: when ready, it owns the partition and restored it
+    /// ([`Log::set_sole_writer`], which spares the views' reads at the end a request to
+    /// the broker in Kafka mode).
+    fn set_state(&self, state: PartitionState) {
+        let ready = state == PartitionState::Ready;
+        self.log
+            .set_sole_writer(&self.cfg.topics.events, self.cfg.partition, ready);
+        self.shared.set_state(state);
+    }
+
     fn fail(&self, reason: String) {
         tracing::error!(aggregate = A::TYPE, partition = self.cfg.partition, %reason, "partition stopped");
         *self.shared.failure.lock().expect("not poisoned") = Some(reason);
-        self.shared.set_state(PartitionState::Failed);
+        self.set_state(PartitionState::Failed);
     }
 
     fn failed_error(&self) -> Error {
@@ -343,7 +354,7 @@ impl<A: Aggregate> Processor<A> {
         if control.is_some() {
             self.owned = false;
             self.fenced_by_group = true;
-            self.shared.set_state(PartitionState::Remote);
+            self.set_state(PartitionState::Remote);
         } else if let Err(e) = self.restore().await {
             self.fail(format!("restore failed: {e}"));
         }
@@ -464,7 +475,7 @@ impl<A: Aggregate> Processor<A> {
                     }
                     attempt += 1;
                     tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "recovery failed; retrying");
-                    self.shared.set_state(PartitionState::Restoring);
+                    self.set_state(PartitionState::Restoring);
                     if let Some(c) = pause(retry_pause(attempt), control).await {
                         self.recovering = None;
                         return Some(c);
@@ -534,7 +545,7 @@ impl<A: Aggregate> Processor<A> {
         self.cache.clear();
         self.recovering = None;
         *self.shared.failure.lock().expect("not poisoned") = None;
-        self.shared.set_state(PartitionState::Restoring);
+        self.set_state(PartitionState::Restoring);
         self.shared.set_progress(0.0);
         tracing::info!(
             aggregate = A::TYPE,
@@ -594,7 +605,7 @@ impl<A: Aggregate> Processor<A> {
                 Err(e) => {
                     attempt += 1;
                     tracing::warn!(aggregate = A::TYPE, partition = p, attempt, error = %e, "restore after assignment failed; retrying");
-                    self.shared.set_state(PartitionState::Restoring);
+                    self.set_state(PartitionState::Restoring);
                     if let Some(c) = pause(retry_pause(attempt), control).await {
                         return Some(c);
                     }
@@ -637,14 +648,14 @@ impl<A: Aggregate> Processor<A> {
         self.recovering = None;
         self.set_consumed(0);
         *self.shared.failure.lock().expect("not poisoned") = None;
-        self.shared.set_state(PartitionState::Remote);
+        self.set_state(PartitionState::Remote);
         self.shared.set_progress(0.0);
     }
 
     /// The barrier: the partition takes commands only once this returns Ok.
     async fn restore(&mut self) -> Result<()> {
         let started = Instant::now();
-        self.shared.set_state(PartitionState::Restoring);
+        self.set_state(PartitionState::Restoring);
         self.shared.set_progress(0.0);
         let p = self.cfg.partition;
         if self.changelog {
@@ -660,7 +671,7 @@ impl<A: Aggregate> Processor<A> {
         self.shared.set_progress(0.5);
         self.expire_dedup();
         self.shared.set_progress(1.0);
-        self.shared.set_state(PartitionState::Ready);
+        self.set_state(PartitionState::Ready);
         tracing::debug!(
             aggregate = A::TYPE,
             partition = p,
@@ -1247,7 +1258,7 @@ impl<A: Aggregate> Processor<A> {
                     // once the units built on this one have failed too).
                     if self.recovering.is_none() {
                         tracing::warn!(aggregate = A::TYPE, partition = p, %reason, "partition recovers from a failed commit");
-                        self.shared.set_state(PartitionState::Restoring);
+                        self.set_state(PartitionState::Restoring);
                         self.shared.set_progress(0.0);
                         self.recovering = Some(reason);
                     }

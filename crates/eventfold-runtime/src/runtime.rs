@@ -707,6 +707,12 @@ impl Runtime {
                     micros as f64 / 1e6
                 );
             }
+            let name = "eventfold_log_broker_requests_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Requests the Kafka log sent to the broker on behalf of readers: partition ends (list_offsets) and reads the local cache could not answer (fetch).\n# TYPE {name} counter\n{name}{{backend=\"{backend}\",kind=\"list_offsets\"}} {}\n{name}{{backend=\"{backend}\",kind=\"fetch\"}} {}",
+                ls.end_offset_queries, ls.broker_reads
+            );
         }
         let parts = self.partitions();
         out.push_str("# HELP eventfold_restore_progress Restore progress of a partition (0 to 1).\n# TYPE eventfold_restore_progress gauge\n");

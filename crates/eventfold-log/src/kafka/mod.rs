@@ -41,7 +41,13 @@
 //! a kept topic's cache holds every committed record from offset 0 up to there, because it
 //! is filled only by this log's own commits and by restores that replay the partition in
 //! order from where the cache stops (offsets it lacks are transaction markers). So a view
-//! catching up after a restore reads the copy the restore just made. Other reads use
+//! catching up after a restore reads the copy the restore just made. A read just past the
+//! copy that this log's own commits cover waits (bounded) for the apply thread to store
+//! them, rather than fetching them from the broker. On a partition the runtime owns and
+//! restored ([`Log::set_sole_writer`]) nothing else is written, so a read past the copy
+//! and past this log's commits answers "nothing yet" without a request: a view that
+//! polls the end of its source would otherwise send a `ListOffsets` and often a fetch
+//! (the offset after the copy is usually the last transaction's marker). Other reads use
 //! `read_committed` consumers assigned to one partition (no group subscription), with
 //! bounded waits. [`Log::end_offset`] is the partition's last stable
 //! offset (LSO): librdkafka's watermark query sends `ListOffsets` with the client's
@@ -74,7 +80,7 @@ use eventfold_store::Store;
 use provision::Provisioner;
 use rdkafka::producer::FutureRecord;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -273,6 +279,11 @@ struct Shared {
     poisoned: Mutex<Option<String>>,
     /// Commit groups between their transaction's commit and their local store write.
     applying: Arc<Applying>,
+    /// The log's counters (the committers count commits, readers their broker requests).
+    stats: Arc<Stats>,
+    /// Partitions only this log writes now, its store holding their earlier records
+    /// ([`Log::set_sole_writer`]).
+    sole: Mutex<std::collections::HashSet<TopicPartition>>,
 }
 
 /// The commit groups whose transaction others may already see (another instance answers
@@ -381,19 +392,37 @@ impl Shared {
         Ok(())
     }
 
-    /// The last stable offset of `topic`/`partition`, once it covers our own commits.
-    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
-        self.check_partition(topic, partition)?;
-        self.provisioner.ensure(topic)?;
-        let ours = self
-            .committed_ends
+    /// The offset after the last record this log committed to `topic`/`partition` (0 if none).
+    fn committed_end(&self, topic: &str, partition: u32) -> u64 {
+        self.committed_ends
             .lock()
             .expect("committed ends lock")
             .get(&(Arc::from(topic), partition))
             .copied()
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+
+    /// Whether a read from `from` of `topic`/`partition`, beyond what the local cache holds,
+    /// has nothing to find: only this log writes the partition ([`Log::set_sole_writer`]),
+    /// its own commits there end at or before `from` (the cache holds them) and the log is
+    /// not stopped. Offsets past the cache are then only transaction markers.
+    fn nothing_beyond(&self, topic: &str, partition: u32, from: u64) -> bool {
+        let sole = self
+            .sole
+            .lock()
+            .expect("sole writer lock")
+            .contains(&(Arc::from(topic), partition));
+        sole && self.committed_end(topic, partition) <= from && self.poisoned.lock().expect("poisoned lock").is_none()
+    }
+
+    /// The last stable offset of `topic`/`partition`, once it covers our own commits.
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
+        self.check_partition(topic, partition)?;
+        self.provisioner.ensure(topic)?;
+        let ours = self.committed_end(topic, partition);
         let deadline = Instant::now() + self.options.operation_timeout;
         loop {
+            self.stats.end_offset_queries.fetch_add(1, Ordering::Relaxed);
             let lso = self.clients.last_stable_offset(topic, partition)?;
             if lso >= ours {
                 return Ok(lso);
@@ -442,6 +471,7 @@ impl Shared {
         if max == 0 || from >= end {
             return Ok(Vec::new());
         }
+        self.stats.broker_reads.fetch_add(1, Ordering::Relaxed);
         self.clients.read(topic, partition, from, end, max)
     }
 
@@ -460,7 +490,6 @@ pub struct KafkaLog {
     committers: Vec<std::thread::JoinHandle<()>>,
     /// Syncs the local store's journal now and then ([`KafkaOptions::cache_sync_interval`]).
     cache_sync: Option<CacheSync>,
-    stats: Arc<Stats>,
     /// Opened with [`KafkaLog::open_reader`].
     read_only: bool,
 }
@@ -485,8 +514,9 @@ impl KafkaLog {
             committed_ends: Mutex::new(HashMap::new()),
             poisoned: Mutex::new(None),
             applying: Arc::default(),
+            stats: Arc::default(),
+            sole: Mutex::default(),
         });
-        let stats = Arc::new(Stats::default());
         let lanes = shared.options.committers;
         let mut txs = Vec::with_capacity(lanes);
         let mut handles = Vec::with_capacity(lanes);
@@ -502,7 +532,7 @@ impl KafkaLog {
             let ids = (0..shared.options.producers_per_committer)
                 .map(|j| if j == 0 { id.clone() } else { format!("{id}.{j}") })
                 .collect();
-            let committer = committer::Committer::new(ids, shared.clone(), store.clone(), stats.clone());
+            let committer = committer::Committer::new(ids, shared.clone(), store.clone(), shared.stats.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("eventfold-kafka-commit-{k}"))
                 .spawn(move || committer.run(rx, ready_tx))
@@ -546,7 +576,6 @@ impl KafkaLog {
             tx: txs,
             committers: handles,
             cache_sync,
-            stats,
             read_only: false,
         })
     }
@@ -580,12 +609,13 @@ impl KafkaLog {
                 committed_ends: Mutex::new(HashMap::new()),
                 poisoned: Mutex::new(None),
                 applying: Arc::default(),
+                stats: Arc::default(),
+                sole: Mutex::default(),
             }),
             store,
             tx: Vec::new(),
             committers: Vec::new(),
             cache_sync: None,
-            stats: Arc::new(Stats::default()),
             read_only: true,
         })
     }
@@ -595,6 +625,22 @@ impl KafkaLog {
             true => Err(Error::Closed(format!("the Kafka log was opened read-only: no {what}"))),
             false => Ok(()),
         }
+    }
+
+    /// When the local cache does not hold `from` of `topic`/`partition` yet but this log's
+    /// own commits go past it, waits (bounded, [`APPLIED_WAIT`]) until the apply thread
+    /// has written those commits there. A view woken by a commit reads right after the
+    /// transaction, usually before its records reach the cache, and would otherwise fetch
+    /// them from the broker (a `ListOffsets` and a fetch by a reader assigned for the
+    /// purpose) instead of reading them locally a moment later.
+    async fn await_own_commits(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<()> {
+        if max > 0
+            && !cached(&self.store, topic, partition, from, max)?
+            && self.shared.committed_end(topic, partition) > from
+        {
+            self.shared.applying.wait(APPLIED_WAIT).await;
+        }
+        Ok(())
     }
 
     async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Shared) -> Result<T> + Send + 'static) -> Result<T> {
@@ -680,7 +726,7 @@ impl Log for KafkaLog {
     }
 
     fn stats(&self) -> crate::Stats {
-        self.stats.snapshot()
+        self.shared.stats.snapshot()
     }
 
     fn commit(&self, unit: CommitUnit) -> CommitFuture {
@@ -709,11 +755,15 @@ impl Log for KafkaLog {
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         self.shared.check_partition(topic, partition)?;
+        self.await_own_commits(topic, partition, from, max).await?;
         let topic = topic.to_owned();
         let store = self.store.clone();
         self.blocking(move |s| {
             if cached(&store, &topic, partition, from, max)? {
                 return Ok(store.read_log(&topic, partition, from, max)?);
+            }
+            if s.nothing_beyond(&topic, partition, from) {
+                return Ok(Vec::new());
             }
             s.read(&topic, partition, from, max)
         })
@@ -729,8 +779,12 @@ impl Log for KafkaLog {
         f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
     ) -> Result<()> {
         self.shared.check_partition(topic, partition)?;
+        self.await_own_commits(topic, partition, from, max).await?;
         if cached(&self.store, topic, partition, from, max)? {
             return Ok(self.store.read_log_with(topic, partition, from, max, f)?);
+        }
+        if self.shared.nothing_beyond(topic, partition, from) {
+            return Ok(());
         }
         crate::lend(self.read(topic, partition, from, max).await?, f);
         Ok(())
@@ -746,6 +800,14 @@ impl Log for KafkaLog {
         self.shared.check_partition(topic, partition)?;
         let topic = topic.to_owned();
         self.blocking(move |s| s.settle(&topic, partition)).await
+    }
+
+    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
+        let mut set = self.shared.sole.lock().expect("sole writer lock");
+        match sole {
+            true => set.insert((Arc::from(topic), partition)),
+            false => set.remove(&(Arc::from(topic), partition)),
+        };
     }
 
     async fn applied(&self) {
