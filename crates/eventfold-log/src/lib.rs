@@ -152,8 +152,8 @@ pub struct Stats {
     pub stages: StageMicros,
     /// Kafka: reads the local cache could not answer, whose records came from the broker.
     pub broker_reads: u64,
-    /// Kafka: the partition ends asked of the broker (`ListOffsets`), by `end_offset`
-    /// and by reads the local cache could not answer.
+    /// Kafka: the partition ends asked of the broker (`ListOffsets`), by `end_offset`,
+    /// `settle` and reads the local cache could not answer.
     pub end_offset_queries: u64,
 }
 

@@ -451,9 +451,11 @@ impl Shared {
     fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
         self.check_partition(topic, partition)?;
         self.provisioner.ensure(topic)?;
+        self.stats.end_offset_queries.fetch_add(1, Ordering::Relaxed);
         let high = self.clients.high_watermark(topic, partition)?;
         let deadline = Instant::now() + self.options.operation_timeout;
         loop {
+            self.stats.end_offset_queries.fetch_add(1, Ordering::Relaxed);
             let lso = self.clients.last_stable_offset(topic, partition)?;
             if lso >= high {
                 return Ok(true);
