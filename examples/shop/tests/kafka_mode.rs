@@ -63,6 +63,25 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
             .unwrap_or_else(|| panic!("no {prefix}in /metrics:\n{metrics}"));
         assert!(seconds > 0.0, "{stage}: {seconds} s");
     }
+    // The views at the end of partitions this instance owns and restored read its local
+    // copy (`Log::set_sole_writer`): idle, they ask the broker nothing. (Before, each view
+    // partition sent a ListOffsets at every poll: about 10 a second from an idle shop.)
+    let broker_requests = || -> u64 {
+        get_text(&url, "/metrics")
+            .lines()
+            .filter(|l| l.starts_with("eventfold_log_broker_requests_total{"))
+            .map(|l| {
+                l.rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .expect("a counter") as u64
+            })
+            .sum()
+    };
+    let before = broker_requests();
+    assert!(before > 0, "the restores asked for the partitions' ends");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(broker_requests(), before, "requests to the broker from an idle shop");
 
     // The independent consumer sees every acknowledged event exactly once (I1, I2).
     let events = read_committed(&bootstrap, &format!("{app}.order.events"), 8);
