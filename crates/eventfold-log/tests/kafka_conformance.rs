@@ -867,6 +867,10 @@ async fn a_sole_writer_reads_the_end_of_its_copy_without_asking_the_broker() {
     assert_eq!(requests(&log), before, "no request to the broker while the sole writer");
     // Another writer (as if the partition had moved without this log being told).
     let theirs = other.commit(event(99)).await.unwrap().offsets[0];
+    // The writer's `end_offset` waits until the broker's last stable offset covers its
+    // commit (the markers come after the commit's answer): from then on every
+    // read_committed reader sees it.
+    assert!(other.end_offset(&events, 0).await.unwrap() > theirs);
     assert_eq!(
         log.read(&events, 0, last + 1, 10).await.unwrap(),
         vec![],
