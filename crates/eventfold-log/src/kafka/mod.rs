@@ -629,20 +629,27 @@ impl KafkaLog {
         }
     }
 
-    /// When the local cache does not hold `from` of `topic`/`partition` yet but this log's
-    /// own commits go past it, waits (bounded, [`APPLIED_WAIT`]) until the apply thread
-    /// has written those commits there. A view woken by a commit reads right after the
-    /// transaction, usually before its records reach the cache, and would otherwise fetch
-    /// them from the broker (a `ListOffsets` and a fetch by a reader assigned for the
-    /// purpose) instead of reading them locally a moment later.
-    async fn await_own_commits(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<()> {
-        if max > 0
-            && !cached(&self.store, topic, partition, from, max)?
-            && self.shared.committed_end(topic, partition) > from
-        {
-            self.shared.applying.wait(APPLIED_WAIT).await;
+    /// Where a read of `topic`/`partition` from `from` is answered. When the local cache
+    /// does not hold `from` yet but this log's own commits go past it, it first waits
+    /// (bounded, [`APPLIED_WAIT`]) until the apply thread has written those commits there:
+    /// a view woken by a commit reads right after the transaction, usually before its
+    /// records reach the cache, and would otherwise fetch them from the broker (a
+    /// `ListOffsets` and a fetch by a reader assigned for the purpose) instead of reading
+    /// them locally a moment later.
+    async fn source(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Source> {
+        if cached(&self.store, topic, partition, from, max)? {
+            return Ok(Source::Cache);
         }
-        Ok(())
+        if max > 0 && self.shared.committed_end(topic, partition) > from {
+            self.shared.applying.wait(APPLIED_WAIT).await;
+            if cached(&self.store, topic, partition, from, max)? {
+                return Ok(Source::Cache);
+            }
+        }
+        Ok(match self.shared.nothing_beyond(topic, partition, from) {
+            true => Source::Nothing,
+            false => Source::Broker,
+        })
     }
 
     async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Shared) -> Result<T> + Send + 'static) -> Result<T> {
@@ -696,6 +703,17 @@ impl CacheSync {
         drop(self.stop);
         let _ = self.handle.join();
     }
+}
+
+/// Where a read is answered ([`KafkaLog::source`]).
+enum Source {
+    /// The local cache holds the records from there on.
+    Cache,
+    /// Nothing is there yet: only this log writes the partition and the cache holds
+    /// all it committed ([`Shared::nothing_beyond`]).
+    Nothing,
+    /// The broker: the partition's end, then a fetch if there is anything to read.
+    Broker,
 }
 
 /// Whether a read of `topic`/`partition` from `from` is served by the local cache: it holds
@@ -757,19 +775,16 @@ impl Log for KafkaLog {
 
     async fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
         self.shared.check_partition(topic, partition)?;
-        self.await_own_commits(topic, partition, from, max).await?;
         let topic = topic.to_owned();
-        let store = self.store.clone();
-        self.blocking(move |s| {
-            if cached(&store, &topic, partition, from, max)? {
-                return Ok(store.read_log(&topic, partition, from, max)?);
+        match self.source(&topic, partition, from, max).await? {
+            Source::Cache => {
+                let store = self.store.clone();
+                self.blocking(move |_| Ok(store.read_log(&topic, partition, from, max)?))
+                    .await
             }
-            if s.nothing_beyond(&topic, partition, from) {
-                return Ok(Vec::new());
-            }
-            s.read(&topic, partition, from, max)
-        })
-        .await
+            Source::Nothing => Ok(Vec::new()),
+            Source::Broker => self.blocking(move |s| s.read(&topic, partition, from, max)).await,
+        }
     }
 
     async fn read_with(
@@ -781,15 +796,16 @@ impl Log for KafkaLog {
         f: &mut (dyn for<'r> FnMut(u64, RecordRef<'r>) -> bool + Send),
     ) -> Result<()> {
         self.shared.check_partition(topic, partition)?;
-        self.await_own_commits(topic, partition, from, max).await?;
-        if cached(&self.store, topic, partition, from, max)? {
-            return Ok(self.store.read_log_with(topic, partition, from, max, f)?);
+        match self.source(topic, partition, from, max).await? {
+            Source::Cache => Ok(self.store.read_log_with(topic, partition, from, max, f)?),
+            Source::Nothing => Ok(()),
+            Source::Broker => {
+                let topic = topic.to_owned();
+                let got = self.blocking(move |s| s.read(&topic, partition, from, max)).await?;
+                crate::lend(got, f);
+                Ok(())
+            }
         }
-        if self.shared.nothing_beyond(topic, partition, from) {
-            return Ok(());
-        }
-        crate::lend(self.read(topic, partition, from, max).await?, f);
-        Ok(())
     }
 
     async fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
