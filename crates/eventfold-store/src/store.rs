@@ -101,6 +101,13 @@ pub struct StoreOptions {
     /// when requests leave one (see [`crate::priority`]). 0 leaves them at the process's. Process-wide: the
     /// first store opened with a nonzero value sets it.
     pub background_nice: i32,
+    /// Zero-fill the next journal file on a background thread before it is needed (the
+    /// vendored fjall's spare journals, `vendor/README.md` change 5), so that a sync of
+    /// the journal need not also write its block map. Worth it where commits sync (the
+    /// embedded log's group commits); a store that is a cache nothing syncs commit by
+    /// commit (the Kafka log's) can leave it off and not write every journal twice.
+    /// Default `true`.
+    pub spare_journals: bool,
 }
 
 /// The default [`StoreOptions::background_nice`].
@@ -120,6 +127,7 @@ impl Default for StoreOptions {
             cache_bytes: 256 << 20,
             temporary: false,
             background_nice: DEFAULT_BACKGROUND_NICE,
+            spare_journals: true,
         }
     }
 }
@@ -638,6 +646,7 @@ impl Store {
         let db = Database::builder(path)
             .cache_size(options.cache_bytes)
             .manual_journal_persist(true)
+            .spare_journals(options.spare_journals)
             .temporary(options.temporary)
             .with_compaction_filter_factories(Arc::new(move |keyspace| {
                 (keyspace == Table::Dedup.name()).then(|| factory.clone())
@@ -1284,31 +1293,8 @@ mod tests {
         // store reopened on it reads back every write, as it does on a sparse journal.
         use std::os::unix::fs::MetadataExt;
         let (dir, s) = temp();
-        let files = |suffix: &str| -> Vec<std::path::PathBuf> {
-            let mut v: Vec<_> = std::fs::read_dir(dir.path())
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .filter(|p| p.to_str().unwrap().ends_with(suffix))
-                .collect();
-            v.sort_by_key(|p| journal_id(p));
-            v
-        };
-        // Random bytes: the journal compresses large values.
-        let record = |o: u64| {
-            use rand::{Rng, SeedableRng};
-            let mut rng = rand::rngs::StdRng::seed_from_u64(o);
-            Record {
-                value: (0..64 << 10).map(|_| rng.random::<u8>()).collect(),
-                ..rec("")
-            }
-        };
-        let write = |from: u64, to: u64| {
-            for o in from..to {
-                let mut b = Batch::new();
-                b.put_log("t", 0, o, &record(o));
-                s.commit(b, false).unwrap();
-            }
-        };
+        let files = |suffix: &str| journal_files(dir.path(), suffix);
+        let write = |from: u64, to: u64| write_big_records(&s, from, to);
         write(0, 300); // about 20 MB: past a quarter of the journal
         let first = files(".jnl");
         assert_eq!(first.len(), 1, "one journal before any rotation: {first:?}");
@@ -1339,13 +1325,81 @@ mod tests {
         let s = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         assert_eq!(s.log_end("t", 0).unwrap(), 1150);
         for o in [0, 1099, 1100, 1149] {
-            assert_eq!(s.get_log("t", 0, o).unwrap(), Some(record(o)), "record {o}");
+            assert_eq!(s.get_log("t", 0, o).unwrap(), Some(big_record(o)), "record {o}");
+        }
+    }
+
+    #[test]
+    fn a_store_without_spare_journals_prepares_none_and_recovers_its_sparse_ones() {
+        // `spare_journals: false` (the Kafka log's cache): no journal is zero-filled
+        // ahead; the rotation creates a sparse file, as fjall itself does.
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            spare_journals: false,
+            ..StoreOptions::default()
+        };
+        let s = Store::open(dir.path(), &options).unwrap();
+        write_big_records(&s, 0, 1100); // about 72 MB: past a whole journal
+        s.flush().unwrap();
+        // A spare would be written while the first journal filled, long before now.
+        assert_eq!(
+            journal_files(dir.path(), ".jnl.spare"),
+            Vec::<std::path::PathBuf>::new()
+        );
+        let journals = journal_files(dir.path(), ".jnl");
+        let active = journals.last().expect("a journal");
+        assert!(
+            journal_id(active) > 0,
+            "the flush past 64 MB rotated the journal: {journals:?}"
+        );
+        let allocated = std::fs::metadata(active).unwrap().blocks() * 512;
+        assert!(
+            allocated < 64 << 20,
+            "the new journal is sparse: {allocated} bytes allocated"
+        );
+        write_big_records(&s, 1100, 1150);
+        drop(s);
+        let s = Store::open(dir.path(), &options).unwrap();
+        assert_eq!(s.log_end("t", 0).unwrap(), 1150);
+        for o in [0, 1099, 1100, 1149] {
+            assert_eq!(s.get_log("t", 0, o).unwrap(), Some(big_record(o)), "record {o}");
         }
     }
 
     fn journal_id(path: &Path) -> u64 {
         let name = path.file_name().unwrap().to_str().unwrap();
         name.split('.').next().unwrap().parse().unwrap()
+    }
+
+    /// The journal files in `dir` whose names end with `suffix`, in id order.
+    fn journal_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_str().unwrap().ends_with(suffix))
+            .collect();
+        v.sort_by_key(|p| journal_id(p));
+        v
+    }
+
+    /// A 64 KiB record of random bytes (the journal compresses large values).
+    fn big_record(o: u64) -> Record {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(o);
+        Record {
+            value: (0..64 << 10).map(|_| rng.random::<u8>()).collect(),
+            ..rec("")
+        }
+    }
+
+    /// Commits [`big_record`]s `from..to` to `t`/0, one batch each, without fsync.
+    fn write_big_records(s: &Store, from: u64, to: u64) {
+        for o in from..to {
+            let mut b = Batch::new();
+            b.put_log("t", 0, o, &big_record(o));
+            s.commit(b, false).unwrap();
+        }
     }
 
     #[test]

@@ -271,6 +271,8 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
     let store_options = StoreOptions {
         background_nice: opts.background_nice,
+        // In Kafka mode the store is a cache whose writes are never synced one by one.
+        spare_journals: opts.kafka.is_none(),
         ..StoreOptions::default()
     };
     let store =

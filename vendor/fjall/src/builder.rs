@@ -57,6 +57,16 @@ impl<O: Openable> Builder<O> {
         self
     }
 
+    /// eventfold patch: whether the next journal file is zero-filled by a background
+    /// thread once a quarter of the active one is written (default `true`), so that
+    /// fsyncs of the journal need not write its block map. A store that never syncs its
+    /// writes one by one can turn it off and save writing every journal twice.
+    #[must_use]
+    pub fn spare_journals(mut self, enabled: bool) -> Self {
+        self.inner.spare_journals = enabled;
+        self
+    }
+
     /// If `false`, write batches or transactions automatically flush data to the operating system.
     ///
     /// Default = false

@@ -606,7 +606,7 @@ impl Database {
         )?;
         log::debug!("journal recovery result: {journal_recovery:#?}");
 
-        let active_journal = Arc::new(journal_recovery.active);
+        let active_journal = Arc::new(journal_recovery.active.with_spare_journals(config.spare_journals));
         active_journal.get_writer()?.persist(PersistMode::SyncAll)?;
 
         let sealed_journals = journal_recovery.sealed;
@@ -889,7 +889,7 @@ impl Database {
             config.journal_compression_type,
             config.journal_compression_threshold,
         );
-        let journal = Arc::new(journal);
+        let journal = Arc::new(journal.with_spare_journals(config.spare_journals));
 
         // NOTE: Lastly, fsync version marker, which contains the version
         let mut marker = std::fs::File::create_new(config.path.join(VERSION_MARKER))?;

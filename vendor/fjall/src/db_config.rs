@@ -45,6 +45,11 @@ pub struct Config {
 
     pub(crate) journal_compression_threshold: usize,
 
+    /// eventfold patch: zero-fill the next journal ahead of its use (see
+    /// `journal::writer::spare`). Pays where journals are fsynced often; a store whose
+    /// writes are never synced one by one (a cache) can save the writing.
+    pub(crate) spare_journals: bool,
+
     // pub(crate) journal_recovery_mode: RecoveryMode,
     //
     pub(crate) compaction_filter_factory_assigner: Option<CompactionFilterAssigner>,
@@ -86,6 +91,7 @@ impl Config {
             journal_compression_type: CompressionType::Lz4,
 
             journal_compression_threshold: 4_096,
+            spare_journals: true,
 
             cache: Arc::new(Cache::with_capacity_bytes(/* 32 MiB */ 32 * 1_024 * 1_024)),
 

@@ -68,6 +68,12 @@ impl Journal {
         self
     }
 
+    /// eventfold patch: see `Config::spare_journals`.
+    pub fn with_spare_journals(self, enabled: bool) -> Self {
+        self.writer.lock().expect("lock is poisoned").set_spare_journals(enabled);
+        self
+    }
+
     fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
         Ok(Self {
             writer: Mutex::new(Writer::from_file(path)?),

@@ -114,6 +114,8 @@ pub struct Writer {
     /// next journal is being prepared (see `spare`).
     written: u64,
     spare_requested: bool,
+    /// eventfold patch: whether spares are prepared at all (`Config::spare_journals`).
+    spare_enabled: bool,
 
     compression: CompressionType,
     compression_threshold: usize,
@@ -142,6 +144,11 @@ impl Writer {
     pub fn set_compression(&mut self, comp: CompressionType, threshold: usize) {
         self.compression = comp;
         self.compression_threshold = threshold;
+    }
+
+    /// eventfold patch: whether the next journal is zero-filled ahead (see `spare`).
+    pub fn set_spare_journals(&mut self, enabled: bool) {
+        self.spare_enabled = enabled;
     }
 
     pub fn pos(&mut self) -> crate::Result<u64> {
@@ -201,8 +208,10 @@ impl Writer {
 
         let comp = self.compression;
         let compt = self.compression_threshold;
+        let spare = self.spare_enabled;
         *self = Self::create_new(new_path.clone())?;
         self.set_compression(comp, compt);
+        self.spare_enabled = spare;
 
         // IMPORTANT: fsync folder on Unix
         fsync_directory(&folder)?;
@@ -226,6 +235,7 @@ impl Writer {
             is_buffer_dirty: false,
             written: 0,
             spare_requested: false,
+            spare_enabled: true,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
@@ -280,6 +290,7 @@ impl Writer {
                 is_buffer_dirty: false,
                 written: 0,
                 spare_requested: false,
+                spare_enabled: true,
                 compression: CompressionType::None,
                 compression_threshold: 0,
             });
@@ -299,6 +310,7 @@ impl Writer {
             is_buffer_dirty: false,
             written: 0,
             spare_requested: false,
+            spare_enabled: true,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
@@ -317,7 +329,7 @@ impl Writer {
     /// journal never pays for a spare).
     fn wrote(&mut self, bytes: u64) {
         self.written += bytes;
-        if !self.spare_requested && self.written >= PRE_ALLOCATED_BYTES / 4 {
+        if self.spare_enabled && !self.spare_requested && self.written >= PRE_ALLOCATED_BYTES / 4 {
             self.spare_requested = true;
             spare::prepare_after(&self.path);
         }
