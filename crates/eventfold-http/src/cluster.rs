@@ -128,6 +128,7 @@ mod tests {
             queued: partition as usize,
             consumed_offset: None,
             error: (state == PartitionState::Failed).then(|| "disk on fire".into()),
+            cached_aggregates: 0,
         }
     }
 

@@ -13,7 +13,7 @@ use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, R
 use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
 use eventfold_store::Batch;
 use foldhash::HashMap;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -138,6 +138,8 @@ pub(crate) struct PartitionShared {
     consumed: AtomicU64,
     progress_permille: AtomicU32,
     failure: Mutex<Option<String>>,
+    /// Aggregates the processor keeps in memory (`RuntimeOptions::cache_limit`).
+    cached: AtomicU64,
 }
 
 impl PartitionShared {
@@ -164,6 +166,10 @@ impl PartitionShared {
     fn set_progress(&self, fraction: f64) {
         self.progress_permille
             .store((fraction.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
+    }
+    /// Aggregates the processor keeps in memory.
+    pub fn cached(&self) -> u64 {
+        self.cached.load(Ordering::Relaxed)
     }
     /// The next commands-topic offset this partition consumes, when it is known here.
     pub fn consumed(&self) -> Option<u64> {
@@ -451,7 +457,7 @@ impl<A: Aggregate> Processor<A> {
         let p = self.cfg.partition;
         let mut attempt = 0u32;
         loop {
-            self.cache.clear();
+            self.clear_cache();
             let attempt_run = async {
                 match self.log.resume(p).await {
                     Ok(()) => self.restore().await,
@@ -542,7 +548,7 @@ impl<A: Aggregate> Processor<A> {
         self.owned = true;
         self.min_epoch = epoch;
         self.set_consumed(0);
-        self.cache.clear();
+        self.clear_cache();
         self.recovering = None;
         *self.shared.failure.lock().expect("not poisoned") = None;
         self.set_state(PartitionState::Restoring);
@@ -644,7 +650,7 @@ impl<A: Aggregate> Processor<A> {
             "partition released"
         );
         self.owned = false;
-        self.cache.clear();
+        self.clear_cache();
         self.recovering = None;
         self.set_consumed(0);
         *self.shared.failure.lock().expect("not poisoned") = None;
@@ -1179,6 +1185,7 @@ impl<A: Aggregate> Processor<A> {
             touched.push((Arc::from(id.as_str()), c.version));
         }
         self.cache.extend(working);
+        self.shared.cached.store(self.cache.len() as u64, Ordering::Relaxed);
         let seq = self.inflight_base + self.inflight.len() as u64;
         let commands: Vec<String> = by_command
             .into_iter()
@@ -1237,21 +1244,43 @@ impl<A: Aggregate> Processor<A> {
         Ok(())
     }
 
+    fn clear_cache(&mut self) {
+        self.cache.clear();
+        self.shared.cached.store(0, Ordering::Relaxed);
+    }
+
+    /// Empties the aggregate cache but for the aggregates that units still in flight
+    /// changed: the store holds every other cached state (its last unit finished), so
+    /// reloading one cannot go back to a version that is still committing. Under a
+    /// steady load some unit is always in flight, so waiting until none is (as this did
+    /// before) let the cache grow past its limit for as long as the load lasted.
+    fn evict(&mut self) {
+        if self.inflight.is_empty() {
+            self.cache.clear();
+        } else {
+            let busy: HashSet<&str> = self
+                .inflight
+                .iter()
+                .flat_map(|f| f.touched.iter().map(|(id, _)| &**id))
+                .collect();
+            self.cache.retain(|id, _| busy.contains(id.as_str()));
+        }
+        self.shared.cached.store(self.cache.len() as u64, Ordering::Relaxed);
+    }
+
     /// Answers a batch once its commit finished.
     fn finish(&mut self, done: InFlight, result: CommitResult) {
         let p = self.cfg.partition;
         for id in &done.commands {
             self.inflight_ids.remove(id);
         }
-        // Evict only when nothing is in flight: then the store holds every cached state,
-        // and reloading from it cannot go back to a version that is still committing.
-        if self.inflight.is_empty() && self.cache.len() > self.cfg.cache_limit {
-            self.cache.clear();
+        if self.cache.len() > self.cfg.cache_limit {
+            self.evict();
         }
         let receipt = match result {
             Ok(r) => r,
             Err(e) => {
-                self.cache.clear();
+                self.clear_cache();
                 let reason = format!("commit failed: {e}");
                 let err = if self.changelog {
                     // Kafka holds the committed state: restore from it and go on (below,

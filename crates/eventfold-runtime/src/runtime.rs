@@ -745,6 +745,14 @@ impl Runtime {
                 p.aggregate, p.partition, p.queued
             );
         }
+        out.push_str("# HELP eventfold_partition_cached_aggregates Aggregates a partition's processor keeps in memory.\n# TYPE eventfold_partition_cached_aggregates gauge\n");
+        for p in &parts {
+            let _ = writeln!(
+                out,
+                "eventfold_partition_cached_aggregates{{aggregate=\"{}\",partition=\"{}\"}} {}",
+                p.aggregate, p.partition, p.cached_aggregates
+            );
+        }
         let (mut applied, mut up, mut conflicts) = (String::new(), String::new(), String::new());
         for slot in self.inner.views.values() {
             slot.serving().render_metrics(&mut applied, &mut up, &mut conflicts);

@@ -75,6 +75,10 @@ pub struct PartitionReport {
     /// Why it failed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Aggregates its processor keeps in memory (at most about
+    /// `RuntimeOptions::cache_limit`); in `/metrics` only.
+    #[serde(skip)]
+    pub cached_aggregates: u64,
 }
 
 /// Topic names of one aggregate type.
@@ -355,6 +359,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
                     queued: tx.max_capacity() - tx.capacity(),
                     consumed_offset: shared.consumed().filter(|_| state != PartitionState::Remote),
                     error: (state == PartitionState::Failed).then(|| shared.failure()),
+                    cached_aggregates: shared.cached(),
                 }
             })
             .collect()

@@ -454,3 +454,71 @@ async fn processors_keep_as_many_commits_under_way_as_the_log_asks_unless_told()
     assert_eq!(most_commits_under_way(7, None).await, 7, "the log's units_in_flight");
     assert_eq!(most_commits_under_way(7, Some(2)).await, 2, "the runtime option wins");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregate_cache_keeps_its_limit_while_commits_are_always_under_way() {
+    // Under a steady load a partition always has a unit in flight. Commits are held and
+    // released one at a time, each only once a newer command is under way, so no commit
+    // ever finishes with nothing behind it; 200 new aggregates pass through a cache of 10.
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let held = HeldCommits {
+        inner: embedded(&dir, 1),
+        units: 4,
+        outstanding: Default::default(),
+        most: Default::default(),
+        release: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let (outstanding, release) = (held.outstanding.clone(), held.release.clone());
+    let rt = Runtime::builder(RuntimeOptions {
+        cache_limit: 10,
+        ..Default::default()
+    })
+    .aggregate::<Counter>(())
+    .build(Arc::new(held));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let under_way = |n: usize| {
+        let outstanding = outstanding.clone();
+        async move {
+            let waited = std::time::Instant::now();
+            while outstanding.load(SeqCst) < n {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(10),
+                    "{n} commits never under way"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    let submit = |i: u64| {
+        let svc = svc.clone();
+        tokio::spawn(async move { svc.submit(add(&format!("fresh-{i}"), 1, None)).await })
+    };
+    let cached = |rt: &Runtime| rt.partitions().iter().map(|p| p.cached_aggregates).sum::<u64>();
+    let mut oldest = submit(0);
+    under_way(1).await;
+    let mut most = 0;
+    for i in 1..200u64 {
+        let next = submit(i);
+        under_way(2).await;
+        release.add_permits(1);
+        let outcome = oldest.await.unwrap().expect("commits");
+        assert!(
+            matches!(outcome, Outcome::Accepted(ref a) if a.version == 1),
+            "{outcome:?}"
+        );
+        most = most.max(cached(&rt));
+        oldest = next;
+    }
+    release.add_permits(1);
+    oldest.await.unwrap().expect("commits");
+    // At most the limit, plus the aggregate of the unit still in flight and the batch
+    // being added when the limit is crossed.
+    assert!(most <= 12, "the cache held up to {most} aggregates with a limit of 10");
+    assert!(most >= 10, "the cache filled up to its limit: {most}");
+    assert!(
+        rt.render_metrics()
+            .contains("eventfold_partition_cached_aggregates{aggregate=\"counter\",partition=\"0\"}"),
+        "exported"
+    );
+}
