@@ -715,44 +715,42 @@ impl Runtime {
             );
         }
         let parts = self.partitions();
-        out.push_str("# HELP eventfold_restore_progress Restore progress of a partition (0 to 1).\n# TYPE eventfold_restore_progress gauge\n");
-        for p in &parts {
-            let _ = writeln!(
-                out,
-                "eventfold_restore_progress{{aggregate=\"{}\",partition=\"{}\"}} {}",
-                p.aggregate, p.partition, p.restore_progress
-            );
-        }
-        out.push_str("# HELP eventfold_partition_up Whether a partition takes commands (1), restores (0), failed (-1) or is owned by another instance (2).\n# TYPE eventfold_partition_up gauge\n");
-        for p in &parts {
-            let v = match p.state {
-                PartitionState::Ready => 1,
-                PartitionState::Restoring => 0,
-                PartitionState::Failed => -1,
-                PartitionState::Remote => 2,
-            };
-            let _ = writeln!(
-                out,
-                "eventfold_partition_up{{aggregate=\"{}\",partition=\"{}\"}} {v}",
-                p.aggregate, p.partition
-            );
-        }
-        out.push_str("# HELP eventfold_partition_queued_commands Commands waiting in a partition's queue.\n# TYPE eventfold_partition_queued_commands gauge\n");
-        for p in &parts {
-            let _ = writeln!(
-                out,
-                "eventfold_partition_queued_commands{{aggregate=\"{}\",partition=\"{}\"}} {}",
-                p.aggregate, p.partition, p.queued
-            );
-        }
-        out.push_str("# HELP eventfold_partition_cached_aggregates Aggregates a partition's processor keeps in memory.\n# TYPE eventfold_partition_cached_aggregates gauge\n");
-        for p in &parts {
-            let _ = writeln!(
-                out,
-                "eventfold_partition_cached_aggregates{{aggregate=\"{}\",partition=\"{}\"}} {}",
-                p.aggregate, p.partition, p.cached_aggregates
-            );
-        }
+        partition_gauge(
+            &mut out,
+            &parts,
+            "eventfold_restore_progress",
+            "Restore progress of a partition (0 to 1).",
+            |p| p.restore_progress.to_string(),
+        );
+        partition_gauge(
+            &mut out,
+            &parts,
+            "eventfold_partition_up",
+            "Whether a partition takes commands (1), restores (0), failed (-1) or is owned by another instance (2).",
+            |p| {
+                match p.state {
+                    PartitionState::Ready => "1",
+                    PartitionState::Restoring => "0",
+                    PartitionState::Failed => "-1",
+                    PartitionState::Remote => "2",
+                }
+                .to_owned()
+            },
+        );
+        partition_gauge(
+            &mut out,
+            &parts,
+            "eventfold_partition_queued_commands",
+            "Commands waiting in a partition's queue.",
+            |p| p.queued.to_string(),
+        );
+        partition_gauge(
+            &mut out,
+            &parts,
+            "eventfold_partition_cached_aggregates",
+            "Aggregates a partition's processor keeps in memory.",
+            |p| p.cached_aggregates.to_string(),
+        );
         let (mut applied, mut up, mut conflicts) = (String::new(), String::new(), String::new());
         for slot in self.inner.views.values() {
             slot.serving().render_metrics(&mut applied, &mut up, &mut conflicts);
@@ -768,5 +766,25 @@ impl Runtime {
             out.push_str(&conflicts);
         }
         out
+    }
+}
+
+/// Appends gauge `name` with one sample per partition of `parts`.
+fn partition_gauge(
+    out: &mut String,
+    parts: &[PartitionReport],
+    name: &str,
+    help: &str,
+    value: impl Fn(&PartitionReport) -> String,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for p in parts {
+        let _ = writeln!(
+            out,
+            "{name}{{aggregate=\"{}\",partition=\"{}\"}} {}",
+            p.aggregate,
+            p.partition,
+            value(p)
+        );
     }
 }
