@@ -399,10 +399,11 @@ class Suite:
                   "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}"}
         # Each system: its binary (None: this build's) and extra arguments.
         systems = [(name, binary, ()) for name, binary in self.shops(params).items()]
-        if a.kafka_paced_ms:
-            # This build again with transactions spaced (--kafka-min-transaction-interval-ms).
-            systems.append(("eventfold paced", None, ("--kafka-min-transaction-interval-ms", str(a.kafka_paced_ms))))
-            params["paced_min_transaction_interval_ms"] = a.kafka_paced_ms
+        if a.kafka_unpaced:
+            # This build again with transactions back to back, not spaced (the default
+            # spaces them: --kafka-min-transaction-interval-ms, --kafka-transaction-quiet-us).
+            systems.append(("eventfold unpaced", None, ("--kafka-min-transaction-interval-ms", "0")))
+            params["unpaced_min_transaction_interval_ms"] = 0
         loads = ("topic max", "topic fixed-rate", "http max", "http fixed-rate")
         runs = {f"{name} {load}": [] for name, _, _ in systems for load in loads}
         runs.update({"kafka-streams topic max": [], "kafka-streams topic fixed-rate": []})
@@ -465,7 +466,7 @@ class Suite:
         pairs = [("eventfold topic max", "kafka-streams topic max"),
                  ("eventfold topic fixed-rate", "kafka-streams topic fixed-rate")]
         pairs += [(f"eventfold {load}", f"baseline {load}") for load in loads]
-        pairs += [(f"eventfold paced {load}", f"eventfold {load}") for load in loads]
+        pairs += [(f"eventfold {load}", f"eventfold unpaced {load}") for load in loads]
         self.record("kafka", params, runs, pairs=pairs)
 
     def scenario_restore(self):
@@ -883,9 +884,9 @@ def main():
     ap.add_argument("--warmup", help="unmeasured load run before each system's measured runs (default 3s; smoke none)")
     ap.add_argument("--concurrency", type=int, default=64, help="HTTP clients (default 64)")
     ap.add_argument("--kafka-rate", type=int, help="fixed rate for latency runs, commands/s (default 5000; smoke 500)")
-    ap.add_argument("--kafka-paced-ms", type=int, default=20,
-                    help="kafka scenario: also measure this build as 'eventfold paced', with "
-                         "--kafka-min-transaction-interval-ms N (default 20; 0: not)")
+    ap.add_argument("--kafka-unpaced", action=argparse.BooleanOptionalAction, default=True,
+                    help="kafka scenario: also measure this build as 'eventfold unpaced', its "
+                         "transactions back to back (--kafka-min-transaction-interval-ms 0; default on)")
     ap.add_argument("--http-rate-concurrency", type=int, default=1024,
                     help="HTTP connections for the fixed-rate run in Kafka mode (default 1024)")
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")

@@ -348,6 +348,7 @@ async fn only_back_to_back_transactions_keep_the_minimum_interval() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(&bootstrap, 2, &prefix);
     o.min_transaction_interval = eventfold_log::kafka::MAX_TRANSACTION_INTERVAL;
+    o.transaction_quiet = None;
     let log = open_log(o, &dir, "a").await;
     let t: Arc<str> = Arc::from(format!("{prefix}.events"));
     log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
@@ -373,6 +374,7 @@ async fn only_back_to_back_transactions_keep_the_minimum_interval() {
     let interval = Duration::from_millis(250);
     let mut o = options(&bootstrap, 2, &prefix);
     o.min_transaction_interval = interval;
+    o.transaction_quiet = None;
     let log = open_log(o, &dir, "b").await;
     log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
     let before = log.stats();
@@ -401,6 +403,72 @@ async fn only_back_to_back_transactions_keep_the_minimum_interval() {
     assert!(
         (2..=most as u64).contains(&transactions),
         "{units} units in {took:?} took {transactions} transactions: at most {most} are {interval:?} apart"
+    );
+}
+
+/// `transaction_quiet` ends the wait for the interval early once units stop arriving: a
+/// burst queued behind a transaction commits a quiet spell after its last unit, not a
+/// whole interval after that transaction began; a steady stream, whose units never leave
+/// such a spell, still commits in transactions the interval apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_spell_ends_the_wait_for_the_interval() {
+    let bootstrap = require_broker();
+    let prefix = format!("quiet-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let interval = eventfold_log::kafka::MAX_TRANSACTION_INTERVAL;
+    let quiet = Duration::from_millis(100);
+    let mut o = options(&bootstrap, 2, &prefix);
+    o.min_transaction_interval = interval;
+    o.transaction_quiet = Some(quiet);
+    let log = open_log(o, &dir, "a").await;
+    let t: Arc<str> = Arc::from(format!("{prefix}.events"));
+    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+
+    for round in 0..3 {
+        // One unit starts a transaction at once (the lane is idle); a burst queues
+        // behind it while it runs, so the lane is busy when it ends.
+        let started = Instant::now();
+        let lead = log.commit(one(&t, 0, format!("lead {round}").into_bytes()));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let burst: Vec<_> = (0..10u32)
+            .map(|i| log.commit(one(&t, i % 2, format!("burst {round} {i}").into_bytes())))
+            .collect();
+        lead.await.unwrap();
+        for receipt in burst {
+            receipt.await.unwrap();
+        }
+        let took = started.elapsed();
+        assert!(
+            took < interval - Duration::from_millis(200),
+            "round {round}: a burst behind a transaction took {took:?}: it waited for the {interval:?} interval, not a {quiet:?} quiet spell"
+        );
+    }
+
+    // A unit every millisecond or so: never a quiet spell, so the interval holds.
+    let interval = Duration::from_millis(250);
+    let mut o = options(&bootstrap, 2, &prefix);
+    o.min_transaction_interval = interval;
+    o.transaction_quiet = Some(quiet);
+    let log = open_log(o, &dir, "b").await;
+    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+    let before = log.stats();
+    let started = Instant::now();
+    let mut pending = Vec::new();
+    while started.elapsed() < Duration::from_secs(2) {
+        pending.push(log.commit(one(&t, pending.len() as u32 % 2, b"stream".to_vec())));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for (i, receipt) in pending.into_iter().enumerate() {
+        receipt
+            .await
+            .unwrap_or_else(|e| panic!("unit {i} of the stream failed: {e}"));
+    }
+    let took = started.elapsed();
+    let transactions = log.stats().group_commits - before.group_commits;
+    let most = took.as_millis() / interval.as_millis() + 1;
+    assert!(
+        (2..=most as u64).contains(&transactions),
+        "a steady stream for {took:?} took {transactions} transactions: at most {most} are {interval:?} apart"
     );
 }
 

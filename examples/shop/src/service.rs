@@ -91,13 +91,22 @@ pub struct ServeOptions {
     #[arg(long, env = "EVENTFOLD_KAFKA_PRODUCERS_PER_COMMITTER", default_value_t = KafkaOptions::new("", 1, "").producers_per_committer)]
     pub kafka_producers_per_committer: usize,
     /// Kafka mode: milliseconds from the start of one transaction to the start of the next
-    /// while commands keep queueing (0 to 1000). A transaction that finds the queue empty
-    /// when the previous one ends does not wait, so a lone command is never delayed; under
-    /// load each transaction takes what arrived meanwhile. Spares the broker (its cost is
-    /// mostly per transaction) at the price of latency: 20 suits a broker on the same two
-    /// cores at 5,000 commands/s (README, Benchmarks).
+    /// while commands keep queueing (0 to 1000; 0: back to back). A transaction that finds
+    /// the queue empty when the previous one ends does not wait, so a lone command is
+    /// never delayed; under load each transaction takes what arrived meanwhile, or starts
+    /// early once commands stop arriving (`--kafka-transaction-quiet-us`). Spares the broker
+    /// (its cost is mostly per transaction) for a few milliseconds of latency (README,
+    /// Benchmarks).
     #[arg(long, env = "EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS", default_value_t = KafkaOptions::new("", 1, "").min_transaction_interval.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=MAX_TRANSACTION_INTERVAL.as_millis() as u64))]
     pub kafka_min_transaction_interval_ms: u64,
+    /// Kafka mode: while waiting out `--kafka-min-transaction-interval-ms`, start the
+    /// transaction early once no command has arrived for this many microseconds (0: wait
+    /// the whole interval; at most 1,000,000). Clients that each wait for their answer
+    /// send their next commands in a burst after each transaction, so the lane need not
+    /// wait for more; commands from many independent callers keep arriving, and the
+    /// interval still spaces the transactions.
+    #[arg(long, env = "EVENTFOLD_KAFKA_TRANSACTION_QUIET_US", default_value_t = KafkaOptions::new("", 1, "").transaction_quiet.map_or(0, |q| q.as_micros() as u64), value_parser = clap::value_parser!(u64).range(0..=MAX_TRANSACTION_INTERVAL.as_micros() as u64))]
+    pub kafka_transaction_quiet_us: u64,
     /// Kafka mode: bound in seconds on every blocking broker call (transaction commit or
     /// abort, offsets, metadata). A transaction that cannot commit within it fails and its
     /// partition recovers from the committed state once the broker answers again.
@@ -240,6 +249,8 @@ fn kafka_options(opts: &ServeOptions, bootstrap: &str) -> KafkaOptions {
         committers: opts.kafka_committers,
         producers_per_committer: opts.kafka_producers_per_committer,
         min_transaction_interval: Duration::from_millis(opts.kafka_min_transaction_interval_ms),
+        transaction_quiet: (opts.kafka_transaction_quiet_us > 0)
+            .then(|| Duration::from_micros(opts.kafka_transaction_quiet_us)),
         operation_timeout: Duration::from_secs(opts.kafka_timeout_secs.max(1)),
         session_timeout: Duration::from_secs(opts.kafka_session_timeout_secs.clamp(6, 1800)),
         transaction_timeout: Duration::from_secs(opts.kafka_transaction_timeout_secs.max(1)),

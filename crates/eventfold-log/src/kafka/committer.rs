@@ -3,7 +3,8 @@
 //! committer goes on with the next transaction (see the module docs of `kafka` for the
 //! failure rules). A transaction takes every unit queued when it starts; while units keep
 //! queueing, the next one starts no sooner than `KafkaOptions::min_transaction_interval`
-//! after it, collecting the units that arrive meanwhile.
+//! after it, collecting the units that arrive meanwhile, unless none arrives for
+//! `KafkaOptions::transaction_quiet`.
 
 use super::clients::{base_config, kafka_error};
 use super::{Reply, Shared, Stats, TopicPartition};
@@ -37,6 +38,8 @@ pub(in crate::kafka) struct Job {
     lane: Option<u32>,
     /// Not a unit: lift the fence of this partition (see `Log::resume`).
     resume: Option<u32>,
+    /// When the unit was handed to the committer (`KafkaOptions::transaction_quiet`).
+    queued: Instant,
 }
 
 /// The local encoding of an append the cache keeps (one with an entity).
@@ -62,6 +65,7 @@ impl Job {
             reply,
             lane: unit.lane,
             resume: None,
+            queued: Instant::now(),
         }
     }
 
@@ -349,8 +353,10 @@ impl Committer {
         self.apply = Some(apply_tx);
         let (max_units, max_bytes) = (self.shared.options.max_group_units, self.shared.options.max_group_bytes);
         let interval = self.shared.options.min_transaction_interval;
+        let quiet = self.shared.options.transaction_quiet;
         // A unit that was already waiting when the last group was done: the lane is
-        // busy, and the next transaction keeps `min_transaction_interval` from the last.
+        // busy, and the next transaction keeps `min_transaction_interval` from the last,
+        // unless no unit arrives for `transaction_quiet` meanwhile.
         let mut waiting: Option<Job> = None;
         let mut last_start = Instant::now();
         loop {
@@ -362,17 +368,21 @@ impl Committer {
                 },
             };
             let not_before = busy.then(|| last_start + interval);
+            let mut last_arrival = first.queued;
             let mut bytes = first.bytes;
             let mut jobs = vec![first];
             while jobs.len() < max_units && bytes < max_bytes {
-                // Until `not_before`, wait for more units; after it, take only queued ones.
-                let left = not_before.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
+                // Until `not_before` (or a quiet spell), wait for more units; after it,
+                // take only queued ones.
+                let until = not_before.map(|t| quiet.map_or(t, |q| t.min(last_arrival + q)));
+                let left = until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()));
                 let next = if left.is_zero() {
                     rx.try_recv().ok()
                 } else {
                     rx.recv_timeout(left).ok()
                 };
                 let Some(job) = next else { break };
+                last_arrival = last_arrival.max(job.queued);
                 bytes += job.bytes;
                 jobs.push(job);
             }
