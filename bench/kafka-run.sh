@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# One Kafka-mode measurement on a fresh shop: the quick A/B tool behind the README's
+# "alternated pairs" (bench/run.py is the whole suite).
+#
+#   bench/kafka-run.sh OUT MODE [VAR=VALUE ...]
+#
+# MODE: topic (commands topic at most: load-topic --in-flight 4096), topic-rate (RATE
+# commands/s through the topic), http-rate (RATE commands/s over HTTP, 1,024 connections),
+# http-clients (CLIENTS closed-loop HTTP clients, default 64). VAR=VALUE pairs go to the
+# shop's environment (e.g. EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS=0).
+#
+# A new app (fresh topics) each run, PARTITIONS partitions (default 8), PREFILL seconds
+# through the topic at most first (default 0; the bench's HTTP runs come after about 60 s
+# of it), WARMUP seconds of unmeasured load (default 10), then DURATION measured (default 20). Prints one line: rate,
+# latency percentiles and the CPU time per command of the shop and of the broker (from
+# /proc/<pid>/stat over the measured run); OUT.json, OUT.metrics.before, OUT.metrics (the
+# shop's /metrics before and after the measured run) and OUT.shop.log keep the details.
+# The app's topics are dropped afterwards.
+#
+# Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
+#   cargo build --release --locked -p shop -p eventfold --bins
+# SHOP, EF: the binaries (default $CARGO_TARGET_DIR/release/{shop,eventfold}, else
+# target/release); BOOT: bootstrap servers (default 127.0.0.1:9092); BROKER_DIR: the
+# broker script's state directory, for its pid (default /tmp/eventfold-kafka, as
+# EVENTFOLD_KAFKA_DIR).
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+OUT=$1; MODE=$2; shift 2
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin=${CARGO_TARGET_DIR:-$here/target}/release
+SHOP=${SHOP:-$bin/shop}; EF=${EF:-$bin/eventfold}
+BOOT=${BOOT:-127.0.0.1:9092}
+BROKER_DIR=${BROKER_DIR:-${EVENTFOLD_KAFKA_DIR:-/tmp/eventfold-kafka}}
+PARTITIONS=${PARTITIONS:-8}; PREFILL=${PREFILL:-0}; WARMUP=${WARMUP:-10}; DURATION=${DURATION:-20}
+RATE=${RATE:-5000}; CLIENTS=${CLIENTS:-64}
+for b in "$SHOP" "$EF"; do
+  [ -x "$b" ] || { echo "kafka-run: $b is missing: cargo build --release --locked -p shop -p eventfold --bins" >&2; exit 1; }
+done
+bpid=$(cat "$BROKER_DIR/broker.pid" 2>/dev/null) && kill -0 "$bpid" 2>/dev/null \
+  || { echo "kafka-run: no broker running under $BROKER_DIR (scripts/kafka/broker.sh start)" >&2; exit 1; }
+
+app=kr$(date +%s%N | tail -c 9)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dir=$(mktemp -d /tmp/kafka-run.XXXXXX)
+env "$@" EVENTFOLD_LOG="${EVENTFOLD_LOG:-warn}" "$SHOP" --http "127.0.0.1:$port" --data-dir "$dir" \
+  --partitions "$PARTITIONS" --kafka "$BOOT" --app-id "$app" > "$OUT.shop.log" 2>&1 &
+pid=$!
+cleanup() {
+  kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  rm -rf "$dir"
+  "$EF" drop-app --bootstrap "$BOOT" --app "$app" --yes --json > /dev/null 2>&1 || true
+}
+trap cleanup EXIT
+for _ in $(seq 1 240); do
+  curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break
+  kill -0 "$pid" 2>/dev/null || { echo "kafka-run: the shop stopped; see $OUT.shop.log" >&2; exit 1; }
+  sleep 0.5
+done
+
+load() { # seconds
+  case $MODE in
+    topic) "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${1}s" --in-flight 4096 --json --quiet ;;
+    topic-rate) "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${1}s" --rate "$RATE" --json --quiet ;;
+    http-rate) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --rate "$RATE" --concurrency 1024 --json --quiet ;;
+    http-clients) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --concurrency "$CLIENTS" --json --quiet ;;
+    *) echo "kafka-run: unknown mode $MODE (topic, topic-rate, http-rate, http-clients)" >&2; exit 2 ;;
+  esac
+}
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+if [ "$PREFILL" -gt 0 ]; then
+  "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${PREFILL}s" --in-flight 4096 --json --quiet > "$OUT.prefill.json"
+fi
+load "$WARMUP" > /dev/null
+curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics.before"
+s0=$(ticks "$pid"); b0=$(ticks "$bpid")
+load "$DURATION" > "$OUT.json"
+s1=$(ticks "$pid"); b1=$(ticks "$bpid")
+curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics"
+python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+out, shop, broker, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+r = json.load(open(out + ".json"))
+n = max(r.get("requests") or 1, 1)
+lat = r["latency_ms"]
+us = 1e6 / hz / n
+print(f"{out} rate {r['throughput_per_s']:.0f} p50 {lat['p50']:.1f} p90 {lat['p90']:.1f} "
+      f"p99 {lat['p99']:.1f} max {lat['max']:.1f} shop_us/cmd {shop * us:.1f} broker_us/cmd {broker * us:.1f}")
+PY
