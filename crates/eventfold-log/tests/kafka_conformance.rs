@@ -367,21 +367,33 @@ async fn only_back_to_back_transactions_keep_the_minimum_interval() {
     );
     drop(log);
 
-    // A steady stream, a unit every millisecond or so for 2 s, on a log spacing
-    // transactions 250 ms: every transaction takes longer than a millisecond (librdkafka
-    // alone waits that long before it registers the partitions), so units queue during
-    // each, and the lane stays busy.
+    // A steady stream on a log spacing transactions 250 ms keeps the lane busy.
+    a_steady_stream_keeps_the_interval(&bootstrap, &prefix, &dir, &t, None).await;
+}
+
+/// A unit about every millisecond for 2 s on a log (named `b` in `dir`) spacing
+/// transactions 250 ms, with `quiet`: every transaction takes longer than a millisecond
+/// (librdkafka alone waits that long before it registers the partitions), so units queue
+/// during each and the lane stays busy, and the stream never leaves a quiet spell of 100
+/// ms. Every unit commits once, in transactions at least the interval apart.
+async fn a_steady_stream_keeps_the_interval(
+    bootstrap: &str,
+    prefix: &str,
+    dir: &tempfile::TempDir,
+    t: &Arc<str>,
+    quiet: Option<Duration>,
+) {
     let interval = Duration::from_millis(250);
-    let mut o = options(&bootstrap, 2, &prefix);
+    let mut o = options(bootstrap, 2, prefix);
     o.min_transaction_interval = interval;
-    o.transaction_quiet = None;
-    let log = open_log(o, &dir, "b").await;
-    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
+    o.transaction_quiet = quiet;
+    let log = open_log(o, dir, "b").await;
+    log.commit(one(t, 0, b"first".to_vec())).await.unwrap();
     let before = log.stats();
     let started = Instant::now();
     let mut pending = Vec::new();
     while started.elapsed() < Duration::from_secs(2) {
-        pending.push(log.commit(one(&t, pending.len() as u32 % 2, b"stream".to_vec())));
+        pending.push(log.commit(one(t, pending.len() as u32 % 2, b"stream".to_vec())));
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let units = pending.len() as u64;
@@ -402,7 +414,7 @@ async fn only_back_to_back_transactions_keep_the_minimum_interval() {
     let most = took.as_millis() / interval.as_millis() + 1;
     assert!(
         (2..=most as u64).contains(&transactions),
-        "{units} units in {took:?} took {transactions} transactions: at most {most} are {interval:?} apart"
+        "{units} units in {took:?} (quiet {quiet:?}) took {transactions} transactions: at most {most} are {interval:?} apart"
     );
 }
 
@@ -443,33 +455,10 @@ async fn a_quiet_spell_ends_the_wait_for_the_interval() {
             "round {round}: a burst behind a transaction took {took:?}: it waited for the {interval:?} interval, not a {quiet:?} quiet spell"
         );
     }
+    drop(log);
 
     // A unit every millisecond or so: never a quiet spell, so the interval holds.
-    let interval = Duration::from_millis(250);
-    let mut o = options(&bootstrap, 2, &prefix);
-    o.min_transaction_interval = interval;
-    o.transaction_quiet = Some(quiet);
-    let log = open_log(o, &dir, "b").await;
-    log.commit(one(&t, 0, b"first".to_vec())).await.unwrap();
-    let before = log.stats();
-    let started = Instant::now();
-    let mut pending = Vec::new();
-    while started.elapsed() < Duration::from_secs(2) {
-        pending.push(log.commit(one(&t, pending.len() as u32 % 2, b"stream".to_vec())));
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    for (i, receipt) in pending.into_iter().enumerate() {
-        receipt
-            .await
-            .unwrap_or_else(|e| panic!("unit {i} of the stream failed: {e}"));
-    }
-    let took = started.elapsed();
-    let transactions = log.stats().group_commits - before.group_commits;
-    let most = took.as_millis() / interval.as_millis() + 1;
-    assert!(
-        (2..=most as u64).contains(&transactions),
-        "a steady stream for {took:?} took {transactions} transactions: at most {most} are {interval:?} apart"
-    );
+    a_steady_stream_keeps_the_interval(&bootstrap, &prefix, &dir, &t, Some(quiet)).await;
 }
 
 /// A unit refused before its transaction fails alone and fences its partition; a
