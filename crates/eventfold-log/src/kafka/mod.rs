@@ -167,7 +167,7 @@ pub struct KafkaOptions {
     /// at 5,000 commands/s over HTTP took the broker's CPU per command from about 142 to
     /// 122 µs and the p99 from about 52 to 46 ms, and raised the p50 at 1,000/s from
     /// about 10 to 13 ms; without the quiet time, 64 clients each waiting for its answer
-    /// got a quarter fewer commands through, with it about 8% more.
+    /// got a quarter fewer commands through, with it 5-9% more.
     pub min_transaction_interval: Duration,
     /// While a lane waits out `min_transaction_interval`, it starts the transaction early
     /// once no unit has arrived for this long (default 1 ms; `None`: it waits the whole
