@@ -54,15 +54,20 @@ cleanup() {
   "$EF" drop-app --bootstrap "$BOOT" --app "$app" --yes --json > /dev/null 2>&1 || true
 }
 trap cleanup EXIT
+ready=
 for _ in $(seq 1 240); do
-  curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break
+  curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && { ready=1; break; }
   kill -0 "$pid" 2>/dev/null || { echo "kafka-run: the shop stopped; see $OUT.shop.log" >&2; exit 1; }
   sleep 0.5
 done
+[ -n "$ready" ] || { echo "kafka-run: the shop was not ready within 120 s; see $OUT.shop.log" >&2; exit 1; }
 
+topic_max() { # seconds
+  "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${1}s" --in-flight 4096 --json --quiet
+}
 load() { # seconds
   case $MODE in
-    topic) "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${1}s" --in-flight 4096 --json --quiet ;;
+    topic) topic_max "$1" ;;
     topic-rate) "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${1}s" --rate "$RATE" --json --quiet ;;
     http-rate) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --rate "$RATE" --concurrency 1024 --json --quiet ;;
     http-clients) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --concurrency "$CLIENTS" --json --quiet ;;
@@ -72,7 +77,7 @@ load() { # seconds
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 if [ "$PREFILL" -gt 0 ]; then
-  "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${PREFILL}s" --in-flight 4096 --json --quiet > "$OUT.prefill.json"
+  topic_max "$PREFILL" > "$OUT.prefill.json"
 fi
 load "$WARMUP" > /dev/null
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics.before"
