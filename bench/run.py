@@ -391,21 +391,29 @@ class Suite:
     def scenario_kafka(self):
         a = self.args
         self.ensure_broker()
-        params = {"partitions": a.partitions, "duration": a.duration, "warmup": a.warmup, "fixed_rate": a.kafka_rate,
+        params = {"partitions": a.kafka_partitions, "duration": a.duration, "warmup": a.warmup, "fixed_rate": a.kafka_rate,
                   "topic_in_flight": a.in_flight, "http_concurrency": a.concurrency,
                   "http_fixed_rate_concurrency": a.http_rate_concurrency,
                   "workload": "PlaceOrder on a fresh order per command",
                   "load_generator": "eventfold load-topic (results read_committed) / eventfold load (HTTP)",
                   "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}"}
-        # Each system: its binary (None: this build's) and extra arguments.
-        systems = [(name, binary, ()) for name, binary in self.shops(params).items()]
+        # Each system: its binary (None: this build's), extra arguments and partitions.
+        systems = [(name, binary, (), a.kafka_partitions) for name, binary in self.shops(params).items()]
+        if a.kafka_compare_partitions:
+            # This build again with more partitions: a transaction writes one produce
+            # request per topic-partition (librdkafka puts one partition in each), so the
+            # partition count sets the broker's cost per transaction.
+            systems.append((f"eventfold {a.kafka_compare_partitions} partitions", None, (),
+                            a.kafka_compare_partitions))
+            params["compare_partitions"] = a.kafka_compare_partitions
         if a.kafka_unpaced:
             # This build again with transactions back to back, not spaced (the default
             # spaces them: --kafka-min-transaction-interval-ms, --kafka-transaction-quiet-us).
-            systems.append(("eventfold unpaced", None, ("--kafka-min-transaction-interval-ms", "0")))
+            systems.append(("eventfold unpaced", None, ("--kafka-min-transaction-interval-ms", "0"),
+                            a.kafka_partitions))
             params["unpaced_min_transaction_interval_ms"] = 0
         loads = ("topic max", "topic fixed-rate", "http max", "http fixed-rate")
-        runs = {f"{name} {load}": [] for name, _, _ in systems for load in loads}
+        runs = {f"{name} {load}": [] for name, _, _, _ in systems for load in loads}
         runs.update({"kafka-streams topic max": [], "kafka-streams topic fixed-rate": []})
         if self.broker_started and not a.smoke:
             # A broker started a moment ago still compiles its hot paths (its JIT took
@@ -416,7 +424,7 @@ class Suite:
             app = f"efw{self.run_tag}"
             log(f"warming the new broker up for 120 s (app {app}, discarded)")
             svc, url = self.shop("shop-kafka-warm", self.work / "kafka-warm", kafka=True, app=app,
-                                 partitions=a.partitions)
+                                 partitions=a.kafka_partitions)
             with svc as p:
                 p.wait_http(url + "/readyz", 120)
                 self.topic_load(app, "80s", in_flight=a.in_flight)
@@ -424,11 +432,11 @@ class Suite:
             shutil.rmtree(self.work / "kafka-warm", ignore_errors=True)
             self.drop_app(app)
         for i in range(a.runs):
-            for k, (name, binary, extra) in enumerate(systems):
+            for k, (name, binary, extra, partitions) in enumerate(systems):
                 app = f"efb{self.run_tag}r{i}s{k}"
                 log(f"kafka run {i + 1}/{a.runs}: {name} (app {app})")
                 svc, url = self.shop(f"{name.replace(' ', '-')}-kafka-{i}", self.work / f"kafka-{i}-{k}", kafka=True,
-                                     app=app, partitions=a.partitions, binary=binary, extra=extra)
+                                     app=app, partitions=partitions, binary=binary, extra=extra)
                 with svc as p:
                     p.wait_http(url + "/readyz", 120)
                     self.warm_up(app=app)
@@ -454,7 +462,7 @@ class Suite:
             ks_app = f"ksb{self.run_tag}r{i}"
             log(f"kafka run {i + 1}/{a.runs}: Kafka Streams peer (app {ks_app})")
             cmd = [str(KS_PEER / "run.sh"), "--bootstrap", self.bootstrap, "--app-id", ks_app,
-                   "--partitions", str(a.partitions), "--state-dir", str(self.work / f"ks-{i}")]
+                   "--partitions", str(a.kafka_partitions), "--state-dir", str(self.work / f"ks-{i}")]
             with service(f"ks-peer-{i}", cmd, self.work) as p:
                 p.wait_line("READY", 180)
                 self.warm_up(app=ks_app)
@@ -466,6 +474,7 @@ class Suite:
         pairs = [("eventfold topic max", "kafka-streams topic max"),
                  ("eventfold topic fixed-rate", "kafka-streams topic fixed-rate")]
         pairs += [(f"eventfold {load}", f"baseline {load}") for load in loads]
+        pairs += [(f"eventfold {load}", f"eventfold {a.kafka_compare_partitions} partitions {load}") for load in loads]
         pairs += [(f"eventfold {load}", f"eventfold unpaced {load}") for load in loads]
         self.record("kafka", params, runs, pairs=pairs)
 
@@ -884,13 +893,20 @@ def main():
     ap.add_argument("--warmup", help="unmeasured load run before each system's measured runs (default 3s; smoke none)")
     ap.add_argument("--concurrency", type=int, default=64, help="HTTP clients (default 64)")
     ap.add_argument("--kafka-rate", type=int, help="fixed rate for latency runs, commands/s (default 5000; smoke 500)")
-    ap.add_argument("--kafka-unpaced", action=argparse.BooleanOptionalAction, default=True,
+    ap.add_argument("--kafka-partitions", type=int, default=4,
+                    help="kafka scenario: partitions per topic, both systems (default 4: on one 2-core instance, "
+                         "each partition costs every transaction two produce requests; README, Benchmarks)")
+    ap.add_argument("--kafka-compare-partitions", type=int, default=8,
+                    help="kafka scenario: also measure this build with this many partitions as "
+                         "'eventfold N partitions' (default 8; 0: not)")
+    ap.add_argument("--kafka-unpaced", action=argparse.BooleanOptionalAction, default=False,
                     help="kafka scenario: also measure this build as 'eventfold unpaced', its "
-                         "transactions back to back (--kafka-min-transaction-interval-ms 0; default on)")
+                         "transactions back to back (--kafka-min-transaction-interval-ms 0; default off)")
     ap.add_argument("--http-rate-concurrency", type=int, default=1024,
                     help="HTTP connections for the fixed-rate run in Kafka mode (default 1024)")
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")
-    ap.add_argument("--partitions", type=int, default=8, help="partitions per topic, both systems (default 8)")
+    ap.add_argument("--partitions", type=int, default=8,
+                    help="partitions per topic, both systems, in every scenario but kafka (default 8)")
     ap.add_argument("--restore-n", help="comma list of aggregate counts (default 100000,1000000; smoke 1000)")
     ap.add_argument("--lag-rate", type=int, help="commands/s while view lag is probed (default 10000; smoke 200)")
     ap.add_argument("--views-n", type=int, help="orders written before the view queries (default 100000; smoke 500)")
