@@ -9,7 +9,10 @@
 //!
 //! Closed loop by default: at most `in_flight` commands are awaiting their result; with a
 //! `rate`, open loop: command `n` is due at `start + n / rate` and its latency counts from
-//! that instant (no coordinated omission). Every command id is `{run_id}-{n}`, so results
+//! that instant (no coordinated omission). With a `warmup`, the commands due in its first
+//! stretch are produced and checked like the others (missing, duplicates) but left out of
+//! the latency and the rate: they meet the start of the producer and of the results
+//! consumer. Every command id is `{run_id}-{n}`, so results
 //! of other runs on the same topic are ignored, and a result seen twice is reported as a
 //! duplicate (an exactly-once violation).
 
@@ -45,8 +48,12 @@ pub struct TopicLoadOptions {
     pub body: String,
     /// Prefix of every (fresh) aggregate id: `{prefix}{run_id}-{n}`.
     pub id_prefix: String,
-    /// When to stop producing.
+    /// When to stop producing: after this many measured commands, or this long after the
+    /// warm-up.
     pub limit: Limit,
+    /// Produce for this long first without measuring (latency, rate): the commands of the
+    /// clients' own start. Their results are still awaited and checked.
+    pub warmup: Duration,
     /// Commands per second (open loop); `None` = as fast as the window allows.
     pub rate: Option<f64>,
     /// Most commands awaiting their result at once (closed loop window).
@@ -68,6 +75,7 @@ impl Default for TopicLoadOptions {
             body: Preset::SHOP_ORDERS_BODY.to_owned(),
             id_prefix: "load-".to_owned(),
             limit: Limit::Duration(Duration::from_secs(10)),
+            warmup: Duration::ZERO,
             rate: None,
             in_flight: 4096,
             result_timeout: Duration::from_secs(30),
@@ -118,9 +126,13 @@ pub struct TopicSummary {
     pub commands_topic: String,
     pub results_topic: String,
     pub run_id: String,
-    /// Commands produced.
+    /// Commands produced, the warm-up's included.
     pub sent: u64,
-    /// Results with an `accepted` outcome.
+    /// Commands produced during the warm-up: checked, not measured.
+    pub warmup_commands: u64,
+    /// Results of measured commands.
+    pub measured: u64,
+    /// Results with an `accepted` outcome (the warm-up's included, like the counts below).
     pub accepted: u64,
     /// Results with a `rejected` outcome.
     pub rejected: u64,
@@ -128,20 +140,20 @@ pub struct TopicSummary {
     pub missing: u64,
     /// Results seen more than once for the same command id.
     pub duplicates: u64,
-    /// First send to last result.
+    /// End of the warm-up (the first send without one) to the last measured result.
     pub elapsed: Duration,
     pub target_rate: Option<f64>,
     pub latency_ms: Latency,
 }
 
 impl TopicSummary {
-    /// Results received per second over the run.
+    /// Results of measured commands per second over the measured run.
     pub fn throughput_per_s(&self) -> f64 {
         let seconds = self.elapsed.as_secs_f64();
         if seconds == 0.0 {
             0.0
         } else {
-            (self.accepted + self.rejected) as f64 / seconds
+            self.measured as f64 / seconds
         }
     }
 
@@ -169,6 +181,8 @@ impl TopicSummary {
             "results_topic": self.results_topic,
             "run_id": self.run_id,
             "requests": self.sent,
+            "warmup_commands": self.warmup_commands,
+            "measured": self.measured,
             "accepted": self.accepted,
             "rejected": self.rejected,
             "missing": self.missing,
@@ -191,9 +205,10 @@ impl std::fmt::Display for TopicSummary {
         )?;
         write!(
             f,
-            "{} commands, {} results in {:.3} s: {:.1} commands/s",
+            "{} commands ({} of them warm-up), {} measured results in {:.3} s: {:.1} commands/s",
             self.sent,
-            self.accepted + self.rejected,
+            self.warmup_commands,
+            self.measured,
             self.elapsed.as_secs_f64(),
             self.throughput_per_s()
         )?;
@@ -222,6 +237,11 @@ impl std::fmt::Display for TopicSummary {
 /// Shared between the producing thread and the results consumer.
 struct Shared {
     start: Instant,
+    /// `start` + the warm-up: commands due from then on are measured.
+    warmup_end: Instant,
+    /// The first measured command's `n` (`u64::MAX` until there is one): results of
+    /// commands before it are checked, not measured.
+    first_measured: AtomicU64,
     /// Send (or due) instant of command `n`, µs after `start`, plus one (0 = not sent).
     sent_at_us: Vec<AtomicU64>,
     received: Vec<AtomicBool>,
@@ -234,10 +254,11 @@ struct Shared {
 struct Window {
     sent: u64,
     done: u64,
+    measured: u64,
+    last_measured: Option<Instant>,
     accepted: u64,
     rejected: u64,
     duplicates: u64,
-    last_result: Option<Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -253,11 +274,11 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
     let commands_topic = opts.commands_topic();
     let results_topic = opts.results_topic();
     let run_id = format!("{:08x}", rand::random::<u32>());
-    let capacity = match (opts.limit, opts.rate) {
-        (Limit::Count(n), _) => n,
-        (Limit::Duration(d), Some(rate)) => (d.as_secs_f64() * rate).ceil() as u64 + 1,
-        // Closed loop: enough for 200k commands/s, far above what one broker takes here.
-        (Limit::Duration(d), None) => (d.as_secs_f64() * 200_000.0) as u64 + 1,
+    // Closed loop: enough for 200k commands/s, far above what one broker takes here.
+    let slots = |d: Duration| (d.as_secs_f64() * opts.rate.unwrap_or(200_000.0)).ceil() as u64 + 1;
+    let capacity = match opts.limit {
+        Limit::Count(n) => n + if opts.warmup.is_zero() { 0 } else { slots(opts.warmup) },
+        Limit::Duration(d) => slots(opts.warmup + d),
     }
     .min(MAX_COMMANDS);
 
@@ -272,8 +293,11 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
         .create()
         .context("creating the Kafka producer")?;
 
+    let start = Instant::now();
     let shared = Arc::new(Shared {
-        start: Instant::now(),
+        start,
+        warmup_end: start + opts.warmup,
+        first_measured: AtomicU64::new(u64::MAX),
         sent_at_us: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
         received: (0..capacity).map(|_| AtomicBool::new(false)).collect(),
         window: Mutex::new(Window::default()),
@@ -289,21 +313,27 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
             .context("spawning the results consumer")?
     };
 
-    let bar = progress_bar(opts.progress, capacity, opts.limit);
+    let bar = progress_bar(opts.progress, opts.limit);
     let template = Template::parse(&opts.body);
     let ef_type = {
         let sample: Value = serde_json::from_str(&template.render("id", 0, 0))?;
         sample["type"].as_str().unwrap_or_default().to_owned()
     };
     let deadline = match opts.limit {
-        Limit::Duration(d) => Some(shared.start + d),
+        Limit::Duration(d) => Some(shared.warmup_end + d),
         Limit::Count(_) => None,
     };
     let mut n: u64 = 0;
+    let mut first_measured: Option<u64> = None;
     let mut last_progress = Instant::now();
     while n < capacity {
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        if let (Limit::Count(count), Some(first)) = (opts.limit, first_measured)
+            && n - first >= count
+        {
             break;
         }
         let due = match opts.rate {
@@ -333,6 +363,11 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
                 Instant::now()
             }
         };
+        if first_measured.is_none() && due >= shared.warmup_end {
+            first_measured = Some(n);
+            // Before the command is produced: its result cannot be read before this.
+            shared.first_measured.store(n, Ordering::Release);
+        }
         let command_id = format!("{run_id}-{n}");
         let aggregate_id = format!("{}{command_id}", opts.id_prefix);
         let body = template.render(&aggregate_id, n, (n % 64) as usize);
@@ -396,17 +431,19 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
     bar.finish_and_clear();
 
     let window = lock(&shared.window);
-    let end = window.last_result.unwrap_or_else(Instant::now);
+    let end = window.last_measured.unwrap_or(shared.warmup_end);
     Ok(TopicSummary {
         commands_topic,
         results_topic,
         run_id,
         sent,
+        warmup_commands: first_measured.unwrap_or(sent),
+        measured: window.measured,
         accepted: window.accepted,
         rejected: window.rejected,
         missing: sent.saturating_sub(window.done),
         duplicates: window.duplicates,
-        elapsed: end.saturating_duration_since(shared.start),
+        elapsed: end.saturating_duration_since(shared.warmup_end),
         target_rate: opts.rate,
         latency_ms: Latency::from_histogram_us(&histogram),
     })
@@ -498,29 +535,33 @@ fn consume_results(consumer: &BaseConsumer, shared: &Shared, prefix: &str) -> an
             window.duplicates += 1;
             continue;
         }
-        if sent_at > 0 {
+        let measured = n >= shared.first_measured.load(Ordering::Acquire);
+        if sent_at > 0 && measured {
             let latency = micros_since(shared.start, now).saturating_sub(sent_at - 1);
             histogram.saturating_record(latency.clamp(1, LATENCY_US_MAX));
         }
         window.done += 1;
+        if measured {
+            window.measured += 1;
+            window.last_measured = Some(now);
+        }
         if accepted {
             window.accepted += 1;
         } else {
             window.rejected += 1;
         }
-        window.last_result = Some(now);
         drop(window);
         shared.window_changed.notify_one();
     }
     Ok(histogram)
 }
 
-fn progress_bar(enabled: bool, capacity: u64, limit: Limit) -> ProgressBar {
+fn progress_bar(enabled: bool, limit: Limit) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }
     let len = match limit {
-        Limit::Count(_) => capacity,
+        Limit::Count(n) => n,
         Limit::Duration(d) => u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
     };
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
@@ -534,14 +575,20 @@ fn progress_bar(enabled: bool, capacity: u64, limit: Limit) -> ProgressBar {
 
 fn update_progress(bar: &ProgressBar, shared: &Shared, limit: Limit) {
     let window = lock(&shared.window);
-    let elapsed = shared.start.elapsed();
+    let now = Instant::now();
+    if now < shared.warmup_end {
+        bar.set_message(format!("warming up, {} sent, {} results", window.sent, window.done));
+        return;
+    }
+    let elapsed = now - shared.warmup_end;
+    let first = shared.first_measured.load(Ordering::Acquire).min(window.sent);
     match limit {
-        Limit::Count(_) => bar.set_position(window.sent),
+        Limit::Count(_) => bar.set_position(window.sent - first),
         Limit::Duration(_) => bar.set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)),
     }
-    let rate = window.done as f64 / elapsed.as_secs_f64().max(1e-9);
+    let rate = window.measured as f64 / elapsed.as_secs_f64().max(1e-9);
     bar.set_message(format!(
-        "{} sent, {} results, {rate:.0} results/s",
+        "{} sent, {} results, {rate:.0} measured results/s",
         window.sent, window.done
     ));
 }

@@ -1,7 +1,8 @@
 //! `eventfold load-topic` against a real Kafka broker (`EVENTFOLD_KAFKA_BOOTSTRAP`,
 //! default 127.0.0.1:9092; never skipped) and a responder thread in the test that answers
 //! commands on the results topic: every result is counted once, latency is measured, and a
-//! dropped or duplicated result makes the run fail.
+//! dropped or duplicated result makes the run fail; the warm-up's commands are checked
+//! but not measured.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -80,6 +81,8 @@ enum Fault {
     None,
     Drop(u64),
     Duplicate(u64),
+    /// Answers nothing for this long, then everything (from the first command on).
+    LateStart(Duration),
 }
 
 /// Answers every command on `<app>.order.commands` with an accepted or rejected outcome
@@ -104,6 +107,9 @@ fn responder(app: &str, fault: Fault, stop: Arc<AtomicBool>) -> thread::JoinHand
         .create()
         .unwrap();
     thread::spawn(move || {
+        if let Fault::LateStart(d) = fault {
+            thread::sleep(d);
+        }
         let mut seen = HashSet::new();
         while !stop.load(Ordering::Acquire) {
             producer.poll(Duration::ZERO);
@@ -184,6 +190,48 @@ fn every_result_is_counted_once_with_its_latency() {
     let json = s.to_json();
     assert_eq!(json["passed"], true);
     assert_eq!(json["requests"], 300);
+}
+
+#[test]
+fn the_warm_up_is_checked_but_not_measured() {
+    // The responder starts 2 s late: the warm-up's first commands wait up to 2 s for their
+    // results, the measured ones (due after 3 s) find it running.
+    let app = format!("lt{:08x}", rand_u32());
+    create_topics(&app);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handle = responder(&app, Fault::LateStart(Duration::from_secs(2)), stop.clone());
+    let s = load_topic::run(TopicLoadOptions {
+        bootstrap: bootstrap(),
+        app: app.clone(),
+        limit: Limit::Count(100),
+        rate: Some(100.0),
+        warmup: Duration::from_secs(3),
+        in_flight: 64,
+        result_timeout: Duration::from_secs(10),
+        ..TopicLoadOptions::default()
+    })
+    .expect("load-topic runs");
+    stop.store(true, Ordering::Release);
+    let seen = handle.join().unwrap();
+    // Due at n / 100 s: commands 0..300 fall in the 3 s warm-up.
+    assert_eq!(s.warmup_commands, 300);
+    assert_eq!((s.sent, s.measured), (400, 100));
+    assert_eq!(seen.len(), 400, "the warm-up's commands are produced too");
+    assert_eq!((s.accepted + s.rejected, s.missing, s.duplicates), (400, 0, 0));
+    s.check().unwrap();
+    assert!(
+        s.latency_ms.max < 1500.0,
+        "a warm-up command's wait for the late responder was measured: max {} ms",
+        s.latency_ms.max
+    );
+    // 100 measured commands at 100/s: about a second from the end of the warm-up.
+    assert!(s.elapsed >= Duration::from_millis(950), "{:?}", s.elapsed);
+    assert!(
+        s.throughput_per_s() > 50.0 && s.throughput_per_s() < 110.0,
+        "{}",
+        s.throughput_per_s()
+    );
+    assert_eq!(s.to_json()["warmup_commands"], 300);
 }
 
 #[test]
