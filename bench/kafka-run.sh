@@ -14,8 +14,11 @@
 # of it), WARMUP seconds of unmeasured load (default 10), then DURATION measured (default 20). Prints one line: rate,
 # latency percentiles and the CPU time per command of the shop and of the broker (from
 # /proc/<pid>/stat over the measured run); OUT.json, OUT.metrics.before, OUT.metrics (the
-# shop's /metrics before and after the measured run) and OUT.shop.log keep the details.
-# The app's topics are dropped afterwards.
+# shop's /metrics before and after the measured run), OUT.threads.before and
+# OUT.threads.after (every thread of both processes: CPU ticks and context switches) and
+# OUT.shop.log keep the details; THREADS=1 also prints, per process, the busiest thread
+# names with their CPU per command and context switches per second. The app's topics are
+# dropped afterwards.
 #
 # Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
 #   cargo build --release --locked -p shop -p eventfold --bins
@@ -75,6 +78,13 @@ load() { # seconds
   esac
 }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+threads() { # label pid: a line per thread: label, name (spaces as _), CPU ticks, switches
+  local t
+  for t in /proc/"$2"/task/*; do
+    echo "$1 $(tr ' ' '_' < "$t/comm") $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null || echo 0)" \
+      "$(awk '/ctxt_switches/ {n += $2} END {print n + 0}' "$t/status" 2>/dev/null || echo 0)"
+  done
+}
 
 if [ "$PREFILL" -gt 0 ]; then
   topic_max "$PREFILL" > "$OUT.prefill.json"
@@ -82,16 +92,44 @@ fi
 load "$WARMUP" > /dev/null
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics.before"
 s0=$(ticks "$pid"); b0=$(ticks "$bpid")
+{ threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.before"
+t0=$(date +%s.%N)
 load "$DURATION" > "$OUT.json"
+t1=$(date +%s.%N)
 s1=$(ticks "$pid"); b1=$(ticks "$bpid")
+{ threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.after"
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics"
-python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" <<'PY'
-import json, sys
+python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" "${THREADS:-0}" "$t0" "$t1" <<'PY'
+import collections, json, re, sys
 out, shop, broker, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+show_threads, seconds = sys.argv[5] == "1", float(sys.argv[7]) - float(sys.argv[6])
 r = json.load(open(out + ".json"))
 n = max(r.get("requests") or 1, 1)
 lat = r["latency_ms"]
 us = 1e6 / hz / n
 print(f"{out} rate {r['throughput_per_s']:.0f} p50 {lat['p50']:.1f} p90 {lat['p90']:.1f} "
       f"p99 {lat['p99']:.1f} max {lat['max']:.1f} shop_us/cmd {shop * us:.1f} broker_us/cmd {broker * us:.1f}")
+
+
+def threads(path):
+    """(process, thread name with its numbers as #) -> [CPU ticks, context switches]."""
+    d = collections.defaultdict(lambda: [0, 0])
+    for line in open(path):
+        proc, name, cpu, switches = line.split()
+        key = (proc, re.sub(r"\d+", "#", name))
+        d[key][0] += int(cpu)
+        d[key][1] += int(switches)
+    return d
+
+
+if show_threads:
+    a, b = threads(out + ".threads.before"), threads(out + ".threads.after")
+    # Threads that ended during the run are left out: their time is in neither snapshot.
+    diff = {k: (b[k][0] - a[k][0], b[k][1] - a[k][1]) for k in b if k in a}
+    for proc in ("shop", "broker"):
+        rows = sorted(((v, k[1]) for k, v in diff.items() if k[0] == proc), reverse=True)
+        switches = sum(v[1] for v, _ in rows) / seconds
+        print(f"  {proc}: {switches:,.0f} context switches/s; busiest threads, µs of CPU per command "
+              f"(switches/s): " + ", ".join(f"{name} {cpu * us:.1f} ({sw / seconds:,.0f})"
+                                             for (cpu, sw), name in rows[:8] if cpu > 0))
 PY
