@@ -28,7 +28,7 @@
 # EVENTFOLD_KAFKA_DIR).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 OUT=$1; MODE=$2; shift 2
