@@ -28,7 +28,7 @@
 # EVENTFOLD_KAFKA_DIR).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"
   exit 2
 fi
 OUT=$1; MODE=$2; shift 2
@@ -77,11 +77,11 @@ load() { # seconds
     *) echo "kafka-run: unknown mode $MODE (topic, topic-rate, http-rate, http-clients)" >&2; exit 2 ;;
   esac
 }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+ticks() { awk '{print $14 + $15}' "$1/stat"; } # CPU ticks of /proc/<pid> or /proc/<pid>/task/<tid>
 threads() { # label pid: a line per thread: label, name (spaces as _), CPU ticks, switches
   local t
   for t in /proc/"$2"/task/*; do
-    echo "$1 $(tr ' ' '_' < "$t/comm") $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null || echo 0)" \
+    echo "$1 $(tr ' ' '_' < "$t/comm" 2>/dev/null || echo gone) $(ticks "$t" 2>/dev/null || echo 0)" \
       "$(awk '/ctxt_switches/ {n += $2} END {print n + 0}' "$t/status" 2>/dev/null || echo 0)"
   done
 }
@@ -91,12 +91,12 @@ if [ "$PREFILL" -gt 0 ]; then
 fi
 load "$WARMUP" > /dev/null
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics.before"
-s0=$(ticks "$pid"); b0=$(ticks "$bpid")
+s0=$(ticks "/proc/$pid"); b0=$(ticks "/proc/$bpid")
 { threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.before"
 t0=$(date +%s.%N)
 load "$DURATION" > "$OUT.json"
 t1=$(date +%s.%N)
-s1=$(ticks "$pid"); b1=$(ticks "$bpid")
+s1=$(ticks "/proc/$pid"); b1=$(ticks "/proc/$bpid")
 { threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.after"
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics"
 python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" "${THREADS:-0}" "$t0" "$t1" <<'PY'

@@ -261,6 +261,13 @@ struct Window {
     duplicates: u64,
 }
 
+impl Shared {
+    /// The first measured command's `n`, once the producer reached it.
+    fn first_measured(&self) -> Option<u64> {
+        Some(self.first_measured.load(Ordering::Acquire)).filter(|&n| n != u64::MAX)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -277,7 +284,7 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
     // Closed loop: enough for 200k commands/s, far above what one broker takes here.
     let slots = |d: Duration| (d.as_secs_f64() * opts.rate.unwrap_or(200_000.0)).ceil() as u64 + 1;
     let capacity = match opts.limit {
-        Limit::Count(n) => n + if opts.warmup.is_zero() { 0 } else { slots(opts.warmup) },
+        Limit::Count(n) => n + slots(opts.warmup),
         Limit::Duration(d) => slots(opts.warmup + d),
     }
     .min(MAX_COMMANDS);
@@ -324,14 +331,13 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
         Limit::Count(_) => None,
     };
     let mut n: u64 = 0;
-    let mut first_measured: Option<u64> = None;
     let mut last_progress = Instant::now();
     while n < capacity {
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             break;
         }
-        if let (Limit::Count(count), Some(first)) = (opts.limit, first_measured)
+        if let (Limit::Count(count), Some(first)) = (opts.limit, shared.first_measured())
             && n - first >= count
         {
             break;
@@ -363,8 +369,7 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
                 Instant::now()
             }
         };
-        if first_measured.is_none() && due >= shared.warmup_end {
-            first_measured = Some(n);
+        if shared.first_measured().is_none() && due >= shared.warmup_end {
             // Before the command is produced: its result cannot be read before this.
             shared.first_measured.store(n, Ordering::Release);
         }
@@ -437,7 +442,7 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
         results_topic,
         run_id,
         sent,
-        warmup_commands: first_measured.unwrap_or(sent),
+        warmup_commands: shared.first_measured().unwrap_or(sent),
         measured: window.measured,
         accepted: window.accepted,
         rejected: window.rejected,
@@ -581,7 +586,7 @@ fn update_progress(bar: &ProgressBar, shared: &Shared, limit: Limit) {
         return;
     }
     let elapsed = now - shared.warmup_end;
-    let first = shared.first_measured.load(Ordering::Acquire).min(window.sent);
+    let first = shared.first_measured().unwrap_or(window.sent);
     match limit {
         Limit::Count(_) => bar.set_position(window.sent - first),
         Limit::Duration(_) => bar.set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)),
