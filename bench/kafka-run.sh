@@ -7,7 +7,8 @@
 # MODE: topic (commands topic at most: load-topic --in-flight 4096), topic-rate (RATE
 # commands/s through the topic), http-rate (RATE commands/s over HTTP, 1,024 connections),
 # http-clients (CLIENTS closed-loop HTTP clients, default 64). VAR=VALUE pairs go to the
-# shop's environment (e.g. EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS=0).
+# shop's environment (e.g. EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS=0); SHOP_ARGS adds
+# arguments to its command line, split at spaces (e.g. SHOP_ARGS="--kafka-config debug=eos").
 #
 # A new app (fresh topics) each run, PARTITIONS partitions (default 8), PREFILL seconds
 # through the topic at most first (default 0; the bench's HTTP runs come after about 60 s
@@ -17,8 +18,10 @@
 # shop's /metrics before and after the measured run), OUT.threads.before and
 # OUT.threads.after (every thread of both processes: CPU ticks and context switches) and
 # OUT.shop.log keep the details; THREADS=1 also prints, per process, the busiest thread
-# names with their CPU per command and context switches per second. The app's topics are
-# dropped afterwards.
+# names with their CPU per command and context switches per second. TIMELINE=1 also writes
+# OUT.timeline over the measured run (bench/timeline.py: per half second, commands over
+# 50 ms, transaction stages, busiest threads) and prints a summary of its slow windows.
+# The app's topics are dropped afterwards.
 #
 # Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
 #   cargo build --release --locked -p shop -p eventfold --bins
@@ -49,7 +52,7 @@ app=kr$(date +%s%N | tail -c 9)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dir=$(mktemp -d /tmp/kafka-run.XXXXXX)
 env "$@" EVENTFOLD_LOG="${EVENTFOLD_LOG:-warn}" "$SHOP" --http "127.0.0.1:$port" --data-dir "$dir" \
-  --partitions "$PARTITIONS" --kafka "$BOOT" --app-id "$app" > "$OUT.shop.log" 2>&1 &
+  --partitions "$PARTITIONS" --kafka "$BOOT" --app-id "$app" ${SHOP_ARGS:-} > "$OUT.shop.log" 2>&1 &
 pid=$!
 cleanup() {
   kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
@@ -93,16 +96,25 @@ load "$WARMUP" > /dev/null
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics.before"
 s0=$(ticks "/proc/$pid"); b0=$(ticks "/proc/$bpid")
 { threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.before"
+tl=
+if [ "${TIMELINE:-0}" = 1 ]; then
+  python3 "$here/bench/timeline.py" "http://127.0.0.1:$port" "$pid" "$bpid" "$OUT.timeline" &
+  tl=$!
+fi
 t0=$(date +%s.%N)
 load "$DURATION" > "$OUT.json"
 t1=$(date +%s.%N)
+if [ -n "$tl" ]; then
+  kill "$tl" && wait "$tl" || true
+fi
 s1=$(ticks "/proc/$pid"); b1=$(ticks "/proc/$bpid")
 { threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.after"
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics"
-python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" "${THREADS:-0}" "$t0" "$t1" <<'PY'
+python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" "${THREADS:-0}" "$t0" "$t1" "${TIMELINE:-0}" <<'PY'
 import collections, json, re, sys
 out, shop, broker, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 show_threads, seconds = sys.argv[5] == "1", float(sys.argv[7]) - float(sys.argv[6])
+show_timeline = sys.argv[8] == "1"
 r = json.load(open(out + ".json"))
 n = max(r.get("requests") or 1, 1)
 lat = r["latency_ms"]
@@ -132,4 +144,11 @@ if show_threads:
         print(f"  {proc}: {switches:,.0f} context switches/s; busiest threads, µs of CPU per command "
               f"(switches/s): " + ", ".join(f"{name} {cpu * us:.1f} ({sw / seconds:,.0f})"
                                              for (cpu, sw), name in rows[:8] if cpu > 0))
+if show_timeline:
+    rows = [line.rstrip("\n").split("\t") for line in open(out + ".timeline")]
+    head, rows = rows[0], rows[1:]
+    slow = [dict(zip(head, r)) for r in rows if int(r[head.index("slow")]) > 0]
+    print(f"  timeline: {len(slow)} of {len(rows)} windows had commands over 50 ms ({out}.timeline)"
+          + "".join(f"\n    {w['t_s']} s: {w['slow']} of {w['commands']}, shop {w['shop_top']}, "
+                    f"broker {w['broker_top']}" for w in sorted(slow, key=lambda w: -int(w["slow"]))[:5]))
 PY

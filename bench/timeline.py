@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""A Kafka-mode shop's run, window by window: which windows had slow commands, and what
+the shop, its transactions and the broker were doing then.
+
+    bench/timeline.py URL SHOP_PID BROKER_PID OUT [--interval S]
+
+Every S seconds (default 0.5) until stopped (SIGTERM or SIGINT), it reads the shop's
+/metrics and every thread's CPU time of both processes (/proc/<pid>/task/*/stat), and
+appends one line per window to OUT (tab-separated, with a header):
+
+- commands: commands the shop finished in the window; slow: those over 50 ms (the
+  `eventfold_command_latency_seconds` histogram's 0.05 bucket; the histogram is not read
+  atomically, so a window may be off by one);
+- tx: transactions committed; produce, send_offsets, delivery, commit, local_write: the
+  milliseconds the transactions spent in each stage (`eventfold_log_transaction_stage_
+  seconds_total`);
+- shop_ticks, broker_ticks: CPU ticks (1/CLK_TCK s) of each process; shop_top,
+  broker_top: its four busiest thread names with their ticks (numbers in names dropped,
+  so a pool's threads add up).
+
+`bench/kafka-run.sh` starts it over the measured run with TIMELINE=1 and prints a summary
+line (windows with slow commands, and what was busiest in them).
+"""
+import collections
+import glob
+import os
+import re
+import signal
+import sys
+import time
+import urllib.request
+
+STAGES = ("produce", "send_offsets", "delivery", "commit", "local_write")
+
+
+def metrics(url):
+    """(commands, commands over 50 ms, transactions, {stage: seconds}), cumulative; None
+    when the shop does not answer."""
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+    count = fast = tx = 0.0
+    stages = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.startswith("eventfold_command_latency_seconds_count{"):
+            count += float(value)
+        elif name.startswith("eventfold_command_latency_seconds_bucket{") and 'le="0.05"' in name:
+            fast += float(value)
+        elif name.startswith("eventfold_log_group_commits_total{"):
+            tx += float(value)
+        elif name.startswith("eventfold_log_transaction_stage_seconds_total{"):
+            stage = re.search(r'stage="([^"]+)"', name)
+            if stage:
+                stages[stage.group(1)] = float(value)
+    return count, count - fast, tx, stages
+
+
+def threads(pid):
+    """Thread name (numbers dropped) -> CPU ticks, summed over the process's threads."""
+    ticks = collections.Counter()
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(task + "/comm") as f:
+                name = re.sub(r"[\d#-]+$", "", f.read().strip()) or "?"
+            with open(task + "/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks[name] += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return ticks
+
+
+def top(diff):
+    return ", ".join(f"{name}:{n}" for name, n in diff.most_common(4) if n > 0)
+
+
+def main():
+    args = sys.argv[1:]
+    interval = 0.5
+    if "--interval" in args:
+        i = args.index("--interval")
+        interval = float(args[i + 1])
+        del args[i:i + 2]
+    if len(args) != 4:
+        sys.exit(__doc__)
+    url, shop_pid, broker_pid, out = args[0].rstrip("/"), int(args[1]), int(args[2]), args[3]
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    with open(out, "w") as f:
+        f.write("\t".join(("t_s", "commands", "slow", "tx", *STAGES, "shop_ticks", "broker_ticks",
+                           "shop_top", "broker_top")) + "\n")
+        start = time.monotonic()
+        prev = None
+        while not stop:
+            now = time.monotonic()
+            m, s, b = metrics(url), threads(shop_pid), threads(broker_pid)
+            if m is not None:
+                if prev is not None:
+                    pm, ps, pb = prev
+                    ds, db = s - ps, b - pb  # Counter subtraction keeps positive counts
+                    stage_ms = [f"{(m[3].get(k, 0) - pm[3].get(k, 0)) * 1e3:.0f}" for k in STAGES]
+                    f.write("\t".join((f"{now - start:.1f}", f"{m[0] - pm[0]:.0f}", f"{max(m[1] - pm[1], 0):.0f}",
+                                       f"{m[2] - pm[2]:.0f}", *stage_ms, str(sum(ds.values())),
+                                       str(sum(db.values())), top(ds), top(db))) + "\n")
+                    f.flush()
+                prev = (m, s, b)
+            if not os.path.exists(f"/proc/{shop_pid}"):
+                break
+            time.sleep(max(0.0, interval - (time.monotonic() - now)))
+
+
+if __name__ == "__main__":
+    main()
