@@ -8,6 +8,7 @@ Every S seconds (default 0.5) until stopped (SIGTERM or SIGINT), it reads the sh
 /metrics and every thread's CPU time of both processes (/proc/<pid>/task/*/stat), and
 appends one line per window to OUT (tab-separated, with a header):
 
+- t_s: the window's end, in seconds since the first reading;
 - commands: commands the shop finished in the window; slow: those over 50 ms (the
   `eventfold_command_latency_seconds` histogram's 0.05 bucket; the histogram is not read
   atomically, so a window may be off by one);
