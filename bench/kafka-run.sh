@@ -20,7 +20,8 @@
 # OUT.shop.log keep the details; THREADS=1 also prints, per process, the busiest thread
 # names with their CPU per command and context switches per second. TIMELINE=1 also writes
 # OUT.timeline over the measured run (bench/timeline.py: per half second, commands over
-# 50 ms, transaction stages, busiest threads) and prints a summary of its slow windows.
+# 50 ms, transaction stages, busiest threads) and prints a summary of its slow windows and
+# what ran in them (the store's flushes and compactions, the broker's GC and JIT).
 # The app's topics are dropped afterwards.
 #
 # Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
@@ -146,9 +147,18 @@ if show_threads:
                                              for (cpu, sw), name in rows[:8] if cpu > 0))
 if show_timeline:
     rows = [line.rstrip("\n").split("\t") for line in open(out + ".timeline")]
-    head, rows = rows[0], rows[1:]
-    slow = [dict(zip(head, r)) for r in rows if int(r[head.index("slow")]) > 0]
-    print(f"  timeline: {len(slow)} of {len(rows)} windows had commands over 50 ms ({out}.timeline)"
+    win = [dict(zip(rows[0], r)) for r in rows[1:]]
+    slow = [w for w in win if int(w["slow"]) > 0]
+    print(f"  timeline: {len(slow)} of {len(win)} windows had commands over 50 ms ({out}.timeline)"
           + "".join(f"\n    {w['t_s']} s: {w['slow']} of {w['commands']}, shop {w['shop_top']}, "
                     f"broker {w['broker_top']}" for w in sorted(slow, key=lambda w: -int(w["slow"]))[:5]))
+    # What ran in the windows with 100+ slow commands, or in the window before (a command
+    # held up late in one window finishes in the next).
+    kinds = (("store background", "store_bg", 5), ("broker GC", "broker_gc", 3), ("broker JIT", "broker_jit", 5))
+    big = [i for i, w in enumerate(win) if int(w["slow"]) >= 100]
+    ran = {label: [any(int(win[j][col]) >= least for j in (i - 1, i) if j >= 0) for i in big]
+           for label, col, least in kinds}
+    none = sum(not any(flags) for flags in zip(*ran.values())) if big else 0
+    print(f"    {len(big)} windows with 100+ over 50 ms; in them or the window before: "
+          + ", ".join(f"{label} {sum(flags)}" for label, flags in ran.items()) + f", none of these {none}")
 PY

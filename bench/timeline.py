@@ -15,9 +15,12 @@ appends one line per window to OUT (tab-separated, with a header):
 - tx: transactions committed; produce, send_offsets, delivery, commit, local_write: the
   milliseconds the transactions spent in each stage (`eventfold_log_transaction_stage_
   seconds_total`);
-- shop_ticks, broker_ticks: CPU ticks (1/CLK_TCK s) of each process; shop_top,
-  broker_top: its four busiest thread names with their ticks (numbers in names dropped,
-  so a pool's threads add up).
+- shop_ticks, broker_ticks: CPU ticks (1/CLK_TCK s) of each process;
+- store_bg: ticks of the shop's store background threads (fjall's flush and compaction
+  workers, lsm-tree's `lsm-garbage`); broker_gc: of the broker's collector threads (G1's
+  `GC Thread`, `G1 ...`); broker_jit: of its JIT compiler threads;
+- shop_top, broker_top: its four busiest thread names with their ticks (numbers in names
+  dropped, so a pool's threads add up).
 
 `bench/kafka-run.sh` starts it over the measured run with TIMELINE=1 and prints a summary
 line (windows with slow commands, and what was busiest in them).
@@ -75,6 +78,15 @@ def threads(pid):
     return ticks
 
 
+# Thread groups with a column of their own (name prefixes, after `threads`' renaming).
+GROUPS = {"store_bg": ("fjall:worker", "lsm-garbage"), "broker_gc": ("GC Thread", "G1 "),
+          "broker_jit": ("C1 CompilerThre", "C2 CompilerThre")}
+
+
+def group(diff, prefixes):
+    return sum(n for name, n in diff.items() if name.startswith(prefixes))
+
+
 def top(diff):
     return ", ".join(f"{name}:{n}" for name, n in diff.most_common(4) if n > 0)
 
@@ -94,7 +106,7 @@ def main():
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     with open(out, "w") as f:
         f.write("\t".join(("t_s", "commands", "slow", "tx", *STAGES, "shop_ticks", "broker_ticks",
-                           "shop_top", "broker_top")) + "\n")
+                           *GROUPS, "shop_top", "broker_top")) + "\n")
         start = time.monotonic()
         prev = None
         while not stop:
@@ -107,7 +119,9 @@ def main():
                     stage_ms = [f"{(m[3].get(k, 0) - pm[3].get(k, 0)) * 1e3:.0f}" for k in STAGES]
                     f.write("\t".join((f"{now - start:.1f}", f"{m[0] - pm[0]:.0f}", f"{max(m[1] - pm[1], 0):.0f}",
                                        f"{m[2] - pm[2]:.0f}", *stage_ms, str(sum(ds.values())),
-                                       str(sum(db.values())), top(ds), top(db))) + "\n")
+                                       str(sum(db.values())), str(group(ds, GROUPS["store_bg"])),
+                                       str(group(db, GROUPS["broker_gc"])), str(group(db, GROUPS["broker_jit"])),
+                                       top(ds), top(db))) + "\n")
                     f.flush()
                 prev = (m, s, b)
             if not os.path.exists(f"/proc/{shop_pid}"):
