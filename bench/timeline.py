@@ -78,9 +78,11 @@ def threads(pid):
     return ticks
 
 
-# Thread groups with a column of their own (name prefixes, after `threads`' renaming).
-GROUPS = {"store_bg": ("fjall:worker", "lsm-garbage"), "broker_gc": ("GC Thread", "G1 "),
-          "broker_jit": ("C1 CompilerThre", "C2 CompilerThre")}
+# Thread groups with a column of their own: column -> (process, name prefixes after
+# `threads`' renaming).
+GROUPS = {"store_bg": ("shop", ("fjall:worker", "lsm-garbage")),
+          "broker_gc": ("broker", ("GC Thread", "G1 ")),
+          "broker_jit": ("broker", ("C1 CompilerThre", "C2 CompilerThre"))}
 
 
 def group(diff, prefixes):
@@ -115,13 +117,14 @@ def main():
             if m is not None:
                 if prev is not None:
                     pm, ps, pb = prev
-                    ds, db = s - ps, b - pb  # Counter subtraction keeps positive counts
+                    # Counter subtraction keeps positive counts.
+                    diff = {"shop": s - ps, "broker": b - pb}
                     stage_ms = [f"{(m[3].get(k, 0) - pm[3].get(k, 0)) * 1e3:.0f}" for k in STAGES]
+                    groups = [str(group(diff[proc], prefixes)) for proc, prefixes in GROUPS.values()]
                     f.write("\t".join((f"{now - start:.1f}", f"{m[0] - pm[0]:.0f}", f"{max(m[1] - pm[1], 0):.0f}",
-                                       f"{m[2] - pm[2]:.0f}", *stage_ms, str(sum(ds.values())),
-                                       str(sum(db.values())), str(group(ds, GROUPS["store_bg"])),
-                                       str(group(db, GROUPS["broker_gc"])), str(group(db, GROUPS["broker_jit"])),
-                                       top(ds), top(db))) + "\n")
+                                       f"{m[2] - pm[2]:.0f}", *stage_ms, str(sum(diff["shop"].values())),
+                                       str(sum(diff["broker"].values())), *groups,
+                                       top(diff["shop"]), top(diff["broker"]))) + "\n")
                     f.flush()
                 prev = (m, s, b)
             if not os.path.exists(f"/proc/{shop_pid}"):
