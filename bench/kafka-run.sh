@@ -22,7 +22,8 @@
 # OUT.timeline over the measured run (bench/timeline.py: per half second, commands over
 # 50 ms, transaction stages, busiest threads) and prints a summary of its slow windows and
 # what ran in them (the store's flushes and compactions, the broker's GC and JIT).
-# The app's topics are dropped afterwards.
+# DATA_ROOT: where the shop's data directory is made (default /tmp; e.g. /dev/shm to take
+# the disk out). The app's topics are dropped afterwards.
 #
 # Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
 #   cargo build --release --locked -p shop -p eventfold --bins
@@ -51,7 +52,7 @@ bpid=$(cat "$BROKER_DIR/broker.pid" 2>/dev/null) && kill -0 "$bpid" 2>/dev/null 
 
 app=kr$(date +%s%N | tail -c 9)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-dir=$(mktemp -d /tmp/kafka-run.XXXXXX)
+dir=$(mktemp -d "${DATA_ROOT:-/tmp}/kafka-run.XXXXXX")
 env "$@" EVENTFOLD_LOG="${EVENTFOLD_LOG:-warn}" "$SHOP" --http "127.0.0.1:$port" --data-dir "$dir" \
   --partitions "$PARTITIONS" --kafka "$BOOT" --app-id "$app" ${SHOP_ARGS:-} > "$OUT.shop.log" 2>&1 &
 pid=$!

@@ -269,6 +269,20 @@ async fn open_log(options: KafkaOptions, dir: &tempfile::TempDir, name: &str) ->
     .unwrap()
 }
 
+/// A 2 MB value that the broker refuses (`message.max.bytes` of about 1 MB) even after the
+/// producer's LZ4: pseudo-random bytes do not compress.
+fn too_large_for_the_broker() -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..2 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 fn one(topic: &Arc<str>, partition: u32, value: Vec<u8>) -> CommitUnit {
     CommitUnit {
         appends: vec![Append {
@@ -482,7 +496,7 @@ async fn failures_fence_their_partitions_and_others_keep_working() {
     assert!(log.commit(one(&t, 4, b"x".to_vec())).await.is_err());
 
     // Rejected by the broker: the small record of the same unit is aborted with it.
-    let mut bad = one(&t, 0, vec![b'x'; 2 << 20]);
+    let mut bad = one(&t, 0, too_large_for_the_broker());
     bad.appends.push(one(&t, 0, b"small".to_vec()).appends.remove(0));
     let e = log
         .commit(bad)
@@ -1090,7 +1104,7 @@ async fn a_follower_sees_committed_records_in_order_then_live() {
 
     // Live: an aborted transaction (a record the broker refuses takes its companion
     // down) is never delivered; the next committed record is.
-    let mut bad = one(&t, 0, vec![b'x'; 2 << 20]);
+    let mut bad = one(&t, 0, too_large_for_the_broker());
     bad.appends.push(one(&t, 0, b"aborted".to_vec()).appends.remove(0));
     log.commit(bad)
         .await

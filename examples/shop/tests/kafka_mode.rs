@@ -633,3 +633,151 @@ fn topics_that_would_lose_data_stop_the_start() {
         "nothing was served"
     );
 }
+
+/// One record batch of a partition's segment files: its record count, compression codec
+/// (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) and whether it is a transaction marker.
+#[derive(Debug)]
+struct StoredBatch {
+    records: u32,
+    compression: u16,
+    control: bool,
+}
+
+/// The record batches the broker stored for `topic`, read from its segment files in
+/// `log_dir` (Kafka's v2 batch header: base offset, length, leader epoch, magic, CRC,
+/// attributes, ..., record count).
+fn stored_batches(log_dir: &std::path::Path, topic: &str) -> Vec<StoredBatch> {
+    let mut batches = Vec::new();
+    let prefix = format!("{topic}-");
+    let dirs = std::fs::read_dir(log_dir).unwrap_or_else(|e| {
+        panic!(
+            "cannot list the broker's log dir {} ({e}): this test reads the broker's segment files, so the broker must run on this machine",
+            log_dir.display()
+        )
+    });
+    for dir in dirs.flatten() {
+        let name = dir.file_name().to_string_lossy().into_owned();
+        if name.strip_prefix(&prefix).is_none_or(|p| p.parse::<u32>().is_err()) {
+            continue;
+        }
+        for file in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            if file.path().extension().is_none_or(|e| e != "log") {
+                continue;
+            }
+            let bytes = std::fs::read(file.path()).unwrap();
+            let mut at = 0;
+            while at + 12 <= bytes.len() {
+                let len = i32::from_be_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+                let batch = &bytes[at + 12..(at + 12 + len).min(bytes.len())];
+                assert!(
+                    batch.len() == len && len >= 49,
+                    "a whole v2 batch in {}",
+                    file.path().display()
+                );
+                assert_eq!(batch[4], 2, "magic 2 in {}", file.path().display());
+                let attributes = u16::from_be_bytes([batch[9], batch[10]]);
+                batches.push(StoredBatch {
+                    records: u32::from_be_bytes(batch[45..49].try_into().unwrap()),
+                    compression: attributes & 7,
+                    control: attributes & 0x20 != 0,
+                });
+                at += 12 + len;
+            }
+        }
+    }
+    batches
+}
+
+/// eventfold's producers compress their batches with LZ4 (the broker then validates them
+/// without allocating every record's headers), unless `--kafka-config` chooses otherwise:
+/// checked in the segment files the broker wrote.
+#[test]
+fn producers_write_lz4_batches_unless_the_config_says_otherwise() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+
+    let bootstrap = common::kafka_bootstrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let metadata = admin.inner().fetch_metadata(None, Duration::from_secs(10)).unwrap();
+    let node = metadata.brokers()[0].id();
+    let described = rt
+        .block_on(admin.describe_configs([&ResourceSpecifier::Broker(node)], &AdminOptions::new()))
+        .unwrap();
+    let config = described[0].as_ref().expect("the broker's configs");
+    let log_dirs = config
+        .get("log.dirs")
+        .and_then(|e| e.value.clone())
+        .or_else(|| config.get("log.dir").and_then(|e| e.value.clone()))
+        .expect("the broker names its log dirs");
+    let log_dir = std::path::PathBuf::from(log_dirs.split(',').next().unwrap());
+
+    for (extra, codec) in [(None, 3), (Some("compression.type=none"), 0)] {
+        let (_, app) = setup("kz");
+        let dir = tempfile::tempdir().unwrap();
+        let mut flags = vec![
+            "--kafka",
+            bootstrap.as_str(),
+            "--app-id",
+            app.as_str(),
+            "--partitions",
+            "2",
+        ];
+        if let Some(e) = extra {
+            flags.extend(["--kafka-config", e]);
+        }
+        let (shop, url, _) = start(dir.path(), &flags);
+        // Eight clients at once, so that transactions hold several records a partition.
+        std::thread::scope(|s| {
+            for c in 0..8 {
+                let url = url.as_str();
+                s.spawn(move || {
+                    let place =
+                        r#"{"type":"PlaceOrder","customer_id":"c1","items":[{"sku":"s","qty":1,"price_cents":100}]}"#;
+                    for i in 0..25 {
+                        let (st, b) = post(
+                            url,
+                            &format!("/v1/aggregates/order/z{c}-{i}/commands"),
+                            place,
+                            &format!("z{c}-{i}"),
+                        );
+                        assert_eq!(st, 200, "{b}");
+                    }
+                });
+            }
+        });
+        drop(shop);
+        // An event per command; its state and its outcome on the state topic.
+        for (topic, expected) in [
+            (format!("{app}.order.events"), 200),
+            (format!("{app}.order.state"), 400),
+        ] {
+            let data: Vec<StoredBatch> = stored_batches(&log_dir, &topic)
+                .into_iter()
+                .filter(|b| !b.control)
+                .collect();
+            let records: u32 = data.iter().map(|b| b.records).sum();
+            assert_eq!(
+                records, expected,
+                "{topic}: every command's records are stored: {data:?}"
+            );
+            let multi: Vec<&StoredBatch> = data.iter().filter(|b| b.records > 1).collect();
+            assert!(!multi.is_empty(), "{topic}: some batch holds several records: {data:?}");
+            // librdkafka sends a batch uncompressed when compressing does not make it
+            // smaller, which can happen to a lone record; several always shrink.
+            assert!(
+                multi.iter().all(|b| b.compression == codec),
+                "{topic} ({extra:?}): every batch of several records has codec {codec}: {data:?}"
+            );
+            if codec == 0 {
+                assert!(
+                    data.iter().all(|b| b.compression == 0),
+                    "{topic}: nothing compressed: {data:?}"
+                );
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! after it, collecting the units that arrive meanwhile, unless none arrives for
 //! `KafkaOptions::transaction_quiet`.
 
-use super::clients::{base_config, kafka_error};
+use super::clients::{kafka_error, producer_config};
 use super::{Reply, Shared, Stats, TopicPartition};
 use crate::{Append, CommitUnit, Consumed, Error, Receipt, Result, offset_key};
 use eventfold_store::{Batch, EncodedRecord, Store};
@@ -422,7 +422,7 @@ impl Committer {
         if self.producers[k].is_none() {
             let o = &self.shared.options;
             let timeout_ms = o.transaction_timeout.as_millis().to_string();
-            let mut config = base_config(o);
+            let mut config = producer_config(o);
             config
                 .set("transactional.id", &self.transactional_ids[k])
                 .set("transaction.timeout.ms", &timeout_ms)

@@ -183,7 +183,8 @@ pub struct KafkaOptions {
     /// local writes waited 100-240 ms then (measured at 5,000 commands/s), and every
     /// command queued behind them. Syncing regularly leaves that rotation little to write.
     pub cache_sync_interval: Option<Duration>,
-    /// Extra librdkafka properties for every client (e.g. security settings).
+    /// Extra librdkafka properties for every client (e.g. security settings). eventfold's
+    /// producers compress with LZ4 unless these set `compression.type` (e.g. `none`).
     pub client_config: Vec<(String, String)>,
     /// Fault injection for tests.
     #[doc(hidden)]
