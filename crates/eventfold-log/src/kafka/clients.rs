@@ -35,6 +35,12 @@ pub(super) fn base_config(options: &KafkaOptions) -> ClientConfig {
     c
 }
 
+/// Whether the user's extra client config sets `key` (eventfold's own default for it then
+/// gives way).
+pub(super) fn user_sets(options: &KafkaOptions, key: &str) -> bool {
+    options.client_config.iter().any(|(k, _)| k == key)
+}
+
 /// The settings of eventfold's producers (transactional and `Log::send`'s): the shared
 /// ones, and batches compressed with LZ4 unless the user chose a compression
 /// (`compression.type` or its alias `compression.codec`; `none` turns it off).
@@ -53,7 +59,7 @@ pub(super) fn base_config(options: &KafkaOptions) -> ClientConfig {
 /// what it fetches, and restoring 300,000 commands took about 15% more CPU.
 pub(super) fn producer_config(options: &KafkaOptions) -> ClientConfig {
     let mut c = base_config(options);
-    if c.get("compression.type").is_none() && c.get("compression.codec").is_none() {
+    if !user_sets(options, "compression.type") && !user_sets(options, "compression.codec") {
         c.set("compression.type", "lz4");
     }
     c
@@ -228,7 +234,7 @@ impl Clients {
         // answers as soon as records (or, read_committed, a transaction's commit) arrive.
         // With the range readers' 20 ms every idle follower cost the broker 50 fetches a
         // second.
-        if !self.options.client_config.iter().any(|(k, _)| k == "fetch.wait.max.ms") {
+        if !user_sets(&self.options, "fetch.wait.max.ms") {
             config.set("fetch.wait.max.ms", FOLLOW_FETCH_WAIT_MS);
         }
         let consumer: BaseConsumer<Quiet> = config.create_with_context(Quiet).map_err(|e| kafka_error(&what(), e))?;

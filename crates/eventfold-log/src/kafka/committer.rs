@@ -6,7 +6,7 @@
 //! after it, collecting the units that arrive meanwhile, unless none arrives for
 //! `KafkaOptions::transaction_quiet`.
 
-use super::clients::{kafka_error, producer_config};
+use super::clients::{kafka_error, producer_config, user_sets};
 use super::{Reply, Shared, Stats, TopicPartition};
 use crate::{Append, CommitUnit, Consumed, Error, Receipt, Result, offset_key};
 use eventfold_store::{Batch, EncodedRecord, Store};
@@ -438,7 +438,7 @@ impl Committer {
             // commands/s, within the run-to-run spread. (The Java producer special-cases
             // this with a 20 ms backoff.)
             for (key, value) in [("retry.backoff.ms", "1"), ("retry.backoff.max.ms", "20")] {
-                if !o.client_config.iter().any(|(k, _)| k == key) {
+                if !user_sets(o, key) {
                     config.set(key, value);
                 }
             }
