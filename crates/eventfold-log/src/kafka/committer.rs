@@ -426,8 +426,7 @@ impl Committer {
             config
                 .set("transactional.id", &self.transactional_ids[k])
                 .set("transaction.timeout.ms", &timeout_ms)
-                .set("message.timeout.ms", &timeout_ms)
-                .set("linger.ms", "1");
+                .set("message.timeout.ms", &timeout_ms);
             // Right after a commit the coordinator is still writing the previous
             // transaction's markers and answers the next AddOffsetsToTxn / AddPartitionsToTxn
             // with CONCURRENT_TRANSACTIONS (223 times in 476 transactions at 64 concurrent
