@@ -24,6 +24,11 @@ Scenarios (each records its parameters in the results):
   is measured right after this build's in every run (system "baseline"), and the tables
   give this build / baseline ratios.
 
+  --timeline (kafka scenario) samples every HTTP 5,000/s run with bench/timeline.py: the
+  windows go to <out>/timelines/<system>-<run>.tsv, and each run's result gets a
+  "timeline" summary (windows with commands over 50 ms, the worst ones with the busiest
+  threads of the shop and the broker).
+
 Outputs bench/results/: results.json (every figure and parameter), results.md (tables and
 ratios), throughput.png and latency.png.
 
@@ -454,8 +459,10 @@ class Suite:
                     runs[f"{name} http max"].append(staged(lambda: self.http_load(url, a.duration, a.concurrency)))
                     # Open loop needs enough connections to offer the rate at Kafka's
                     # latency (64 connections at ~50 ms cap it near 1,300/s).
-                    runs[f"{name} http fixed-rate"].append(staged(
+                    fixed_rate = staged(lambda: self.sampled(
+                        f"{name.replace(' ', '-')}-{i}", url, p.proc.pid,
                         lambda: self.http_load(url, a.duration, a.http_rate_concurrency, rate=a.kafka_rate)))
+                    runs[f"{name} http fixed-rate"].append(fixed_rate)
                 self.drop_app(app)
             if a.no_peers:
                 continue
@@ -477,6 +484,27 @@ class Suite:
         pairs += [(f"eventfold {load}", f"eventfold {a.kafka_compare_partitions} partitions {load}") for load in loads]
         pairs += [(f"eventfold {load}", f"eventfold unpaced {load}") for load in loads]
         self.record("kafka", params, runs, pairs=pairs)
+
+    def sampled(self, label, url, shop_pid, load):
+        """Runs `load`; with --timeline, bench/timeline.py samples the shop and the broker
+        meanwhile and the result gets a summary of its windows."""
+        if not self.args.timeline:
+            return load()
+        path = self.args.out / "timelines" / f"{label}.tsv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sampler = subprocess.Popen([sys.executable, str(ROOT / "bench" / "timeline.py"), url, str(shop_pid),
+                                    str(broker_pid()), str(path)])
+        try:
+            result = load()
+        finally:
+            sampler.terminate()
+            sampler.wait(timeout=10)
+        result["timeline"] = timeline_summary(path)
+        t = result["timeline"]
+        log(f"timeline {label}: {t['slow_windows']} of {t['windows']} windows had commands over 50 ms"
+            + "".join(f"; {w['t_s']} s: {w['slow']} of {w['commands']} (shop {w['shop_top']}; broker "
+                      f"{w['broker_top']})" for w in t["worst"][:2]))
+        return result
 
     def scenario_restore(self):
         a = self.args
@@ -684,6 +712,33 @@ def process_cpu_s(pid: int) -> float:
 
 
 STAGES = ("produce", "send_offsets", "delivery", "commit", "local_write")
+
+
+def broker_pid() -> int:
+    """The pid of the broker that scripts/kafka/broker.sh runs (its state directory's
+    broker.pid, EVENTFOLD_KAFKA_DIR or /tmp/eventfold-kafka)."""
+    pid_file = Path(os.environ.get("EVENTFOLD_KAFKA_DIR", "/tmp/eventfold-kafka")) / "broker.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        die(f"--timeline needs the broker's pid, from {pid_file} (a broker started by scripts/kafka/broker.sh)")
+        raise
+
+
+def timeline_summary(path: Path, worst: int = 5) -> dict:
+    """What bench/timeline.py wrote: windows, those with commands over 50 ms, and the
+    `worst` of them (most such commands) with what ran in them."""
+    with open(path) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        rows = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f if line.strip()]
+    slow = [r for r in rows if int(r["slow"]) > 0]
+    keep = ("t_s", "commands", "slow", "tx", "store_bg", "broker_gc", "broker_jit", "shop_top", "broker_top")
+    ranked = sorted(slow, key=lambda r: -int(r["slow"]))[:worst]
+    return {"file": f"timelines/{path.name}", "windows": len(rows), "slow_windows": len(slow),
+            "windows_100_slow": sum(1 for r in slow if int(r["slow"]) >= 100),
+            "worst": [{k: r.get(k, "") for k in keep} for r in ranked]}
 
 
 def kafka_commit_counters(url: str) -> dict:
@@ -902,6 +957,9 @@ def main():
     ap.add_argument("--kafka-unpaced", action=argparse.BooleanOptionalAction, default=False,
                     help="kafka scenario: also measure this build as 'eventfold unpaced', its "
                          "transactions back to back (--kafka-min-transaction-interval-ms 0; default off)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="kafka scenario: sample every HTTP fixed-rate run with bench/timeline.py "
+                         "(<out>/timelines/, and a summary in each run's result)")
     ap.add_argument("--http-rate-concurrency", type=int, default=1024,
                     help="HTTP connections for the fixed-rate run in Kafka mode (default 1024)")
     ap.add_argument("--in-flight", type=int, default=4096, help="load-topic window for max-throughput runs")
