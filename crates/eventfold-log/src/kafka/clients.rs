@@ -539,40 +539,28 @@ pub(super) fn to_record(m: &BorrowedMessage<'_>) -> Record {
 mod tests {
     use super::*;
 
-    #[test]
-    fn producers_compress_with_lz4_unless_the_user_chose_a_compression() {
+    /// `producer_config` sets `default` for `keys[0]` unless the user's config sets either
+    /// key (the other is its alias), which is then left as the user set it; consumers never
+    /// get the producer property.
+    fn default_gives_way(keys: [&str; 2], default: &str, user: &str) {
         let mut o = KafkaOptions::new("127.0.0.1:9", 1, "t");
-        assert_eq!(producer_config(&o).get("compression.type"), Some("lz4"));
-        // Consumers and the admin client do not get the producer property.
-        assert_eq!(consumer_config(&o, None).get("compression.type"), None);
-        for key in ["compression.type", "compression.codec"] {
-            o.client_config = vec![(key.to_owned(), "none".to_owned())];
+        assert_eq!(producer_config(&o).get(keys[0]), Some(default));
+        assert_eq!(consumer_config(&o, None).get(keys[0]), None);
+        for (set, other) in [(keys[0], keys[1]), (keys[1], keys[0])] {
+            o.client_config = vec![(set.to_owned(), user.to_owned())];
             let c = producer_config(&o);
-            assert_eq!(c.get(key), Some("none"), "{key}");
-            let other = if key == "compression.type" {
-                "compression.codec"
-            } else {
-                "compression.type"
-            };
-            assert_eq!(c.get(other), None, "{key} set: {other} is left alone");
+            assert_eq!(c.get(set), Some(user), "{set}");
+            assert_eq!(c.get(other), None, "{set} set: {other} is left alone");
         }
     }
 
     #[test]
+    fn producers_compress_with_lz4_unless_the_user_chose_a_compression() {
+        default_gives_way(["compression.type", "compression.codec"], "lz4", "none");
+    }
+
+    #[test]
     fn producers_linger_a_millisecond_unless_the_user_says_otherwise() {
-        let mut o = KafkaOptions::new("127.0.0.1:9", 1, "t");
-        assert_eq!(producer_config(&o).get("linger.ms"), Some("1"));
-        assert_eq!(consumer_config(&o, None).get("linger.ms"), None);
-        for key in ["linger.ms", "queue.buffering.max.ms"] {
-            o.client_config = vec![(key.to_owned(), "0".to_owned())];
-            let c = producer_config(&o);
-            assert_eq!(c.get(key), Some("0"), "{key}");
-            let other = if key == "linger.ms" {
-                "queue.buffering.max.ms"
-            } else {
-                "linger.ms"
-            };
-            assert_eq!(c.get(other), None, "{key} set: {other} is left alone");
-        }
+        default_gives_way(["linger.ms", "queue.buffering.max.ms"], "1", "0");
     }
 }
