@@ -112,7 +112,8 @@ fi
 s1=$(ticks "/proc/$pid"); b1=$(ticks "/proc/$bpid")
 { threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.after"
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics"
-python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" "${THREADS:-0}" "$t0" "$t1" "${TIMELINE:-0}" <<'PY'
+python3 - "$OUT" "$((s1 - s0))" "$((b1 - b0))" "$(getconf CLK_TCK)" "${THREADS:-0}" "$t0" "$t1" "${TIMELINE:-0}" \
+  "$here/bench" <<'PY'
 import collections, json, re, sys
 out, shop, broker, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 show_threads, seconds = sys.argv[5] == "1", float(sys.argv[7]) - float(sys.argv[6])
@@ -147,19 +148,12 @@ if show_threads:
               f"(switches/s): " + ", ".join(f"{name} {cpu * us:.1f} ({sw / seconds:,.0f})"
                                              for (cpu, sw), name in rows[:8] if cpu > 0))
 if show_timeline:
-    rows = [line.rstrip("\n").split("\t") for line in open(out + ".timeline")]
-    win = [dict(zip(rows[0], r)) for r in rows[1:]]
-    slow = [w for w in win if int(w["slow"]) > 0]
-    print(f"  timeline: {len(slow)} of {len(win)} windows had commands over 50 ms ({out}.timeline)"
+    sys.path.insert(0, sys.argv[9])
+    from timeline import summary
+    t = summary(out + ".timeline")
+    print(f"  timeline: {t['slow_windows']} of {t['windows']} windows had commands over 50 ms ({out}.timeline)"
           + "".join(f"\n    {w['t_s']} s: {w['slow']} of {w['commands']}, shop {w['shop_top']}, "
-                    f"broker {w['broker_top']}" for w in sorted(slow, key=lambda w: -int(w["slow"]))[:5]))
-    # What ran in the windows with 100+ slow commands, or in the window before (a command
-    # held up late in one window finishes in the next).
-    kinds = (("store background", "store_bg", 5), ("broker GC", "broker_gc", 3), ("broker JIT", "broker_jit", 5))
-    big = [i for i, w in enumerate(win) if int(w["slow"]) >= 100]
-    ran = {label: [any(int(win[j][col]) >= least for j in (i - 1, i) if j >= 0) for i in big]
-           for label, col, least in kinds}
-    none = sum(not any(flags) for flags in zip(*ran.values())) if big else 0
-    print(f"    {len(big)} windows with 100+ over 50 ms; in them or the window before: "
-          + ", ".join(f"{label} {sum(flags)}" for label, flags in ran.items()) + f", none of these {none}")
+                    f"broker {w['broker_top']}" for w in t["worst"]))
+    print(f"    {t['windows_100_slow']} windows with 100+ over 50 ms; in them or the window before: "
+          + ", ".join(f"{label} {n}" for label, n in t["in_or_before_100_slow"].items()))
 PY

@@ -65,6 +65,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"  # --out; smoke runs default to RESULTS / "smoke"
 KS_PEER = ROOT / "bench" / "peers" / "kafka-streams"
+sys.path.insert(0, str(ROOT / "bench"))
+import timeline  # noqa: E402  (bench/timeline.py: the --timeline summary)
 CQRS_PEER = ROOT / "bench" / "peers" / "cqrs-es"
 CACHE = Path(os.environ.get("EVENTFOLD_CACHE", Path.home() / ".cache" / "eventfold"))
 SCENARIOS = ("embedded", "kafka", "restore", "views", "rebuild")
@@ -499,7 +501,7 @@ class Suite:
         finally:
             sampler.terminate()
             sampler.wait(timeout=10)
-        result["timeline"] = timeline_summary(path)
+        result["timeline"] = {"file": f"timelines/{path.name}", **timeline.summary(path)}
         t = result["timeline"]
         log(f"timeline {label}: {t['slow_windows']} of {t['windows']} windows had commands over 50 ms"
             + "".join(f"; {w['t_s']} s: {w['slow']} of {w['commands']} (shop {w['shop_top']}; broker "
@@ -724,21 +726,6 @@ def broker_pid() -> int:
         return pid
     except (OSError, ValueError):
         die(f"--timeline needs the broker's pid, from {pid_file} (a broker started by scripts/kafka/broker.sh)")
-        raise
-
-
-def timeline_summary(path: Path, worst: int = 5) -> dict:
-    """What bench/timeline.py wrote: windows, those with commands over 50 ms, and the
-    `worst` of them (most such commands) with what ran in them."""
-    with open(path) as f:
-        header = f.readline().rstrip("\n").split("\t")
-        rows = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f if line.strip()]
-    slow = [r for r in rows if int(r["slow"]) > 0]
-    keep = ("t_s", "commands", "slow", "tx", "store_bg", "broker_gc", "broker_jit", "shop_top", "broker_top")
-    ranked = sorted(slow, key=lambda r: -int(r["slow"]))[:worst]
-    return {"file": f"timelines/{path.name}", "windows": len(rows), "slow_windows": len(slow),
-            "windows_100_slow": sum(1 for r in slow if int(r["slow"]) >= 100),
-            "worst": [{k: r.get(k, "") for k in keep} for r in ranked]}
 
 
 def kafka_commit_counters(url: str) -> dict:

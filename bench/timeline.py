@@ -23,7 +23,8 @@ appends one line per window to OUT (tab-separated, with a header):
   dropped, so a pool's threads add up).
 
 `bench/kafka-run.sh` starts it over the measured run with TIMELINE=1 and prints a summary
-line (windows with slow commands, and what was busiest in them).
+line (windows with slow commands, and what was busiest in them), `bench/run.py --timeline`
+over the kafka scenario's HTTP 5,000/s runs; both summarize with `summary`.
 """
 import collections
 import glob
@@ -91,6 +92,28 @@ def group(diff, prefixes):
 
 def top(diff):
     return ", ".join(f"{name}:{n}" for name, n in diff.most_common(4) if n > 0)
+
+
+# What may hold commands up in a window: (label, column, ticks that count).
+KINDS = (("store background", "store_bg", 5), ("broker GC", "broker_gc", 3), ("broker JIT", "broker_jit", 5))
+
+
+def summary(path, worst=5):
+    """What a file of this script says: its windows, those with commands over 50 ms and
+    the `worst` of them (most such commands, whole rows), and for the windows with 100 or
+    more, how many ran each of `KINDS` in them or in the window before (a command held up
+    late in one window finishes in the next), and how many ran none of them."""
+    with open(path) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    win = [dict(zip(rows[0], r)) for r in rows[1:]]
+    slow = [w for w in win if int(w["slow"]) > 0]
+    big = [i for i, w in enumerate(win) if int(w["slow"]) >= 100]
+    ran = {label: [any(int(win[j][col]) >= least for j in (i - 1, i) if j >= 0) for i in big]
+           for label, col, least in KINDS}
+    return {"windows": len(win), "slow_windows": len(slow), "windows_100_slow": len(big),
+            "in_or_before_100_slow": {**{label: sum(flags) for label, flags in ran.items()},
+                                      "none of these": sum(not any(flags) for flags in zip(*ran.values()))},
+            "worst": sorted(slow, key=lambda w: -int(w["slow"]))[:worst]}
 
 
 def main():
