@@ -12,6 +12,9 @@ use eventfold::drop_app::{self, DropOptions, DropSummary};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
 use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "eventfold", version, about = "eventfold ops CLI")]
 struct Cli {
