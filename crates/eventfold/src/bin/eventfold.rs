@@ -12,6 +12,9 @@ use eventfold::drop_app::{self, DropOptions, DropSummary};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
 use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
+/// mimalloc, as the shop: the load generators share a benchmark machine's cores with the
+/// service they measure, and glibc's allocator cost the HTTP generator about 10% more CPU
+/// (README, Load generators).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
