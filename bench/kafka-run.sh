@@ -12,7 +12,9 @@
 #
 # A new app (fresh topics) each run, PARTITIONS partitions (default 8), PREFILL seconds
 # through the topic at most first (default 0; the bench's HTTP runs come after about 60 s
-# of it), WARMUP seconds of unmeasured load (default 10), then DURATION measured (default 20). Prints one line: rate,
+# of it), WARMUP seconds of unmeasured load (default 10), then DURATION measured (default 20;
+# http-rate: after OPEN seconds, default 1, sent unmeasured by the same load process, which
+# opens its connections meanwhile). Prints one line: rate,
 # latency percentiles and the CPU time per command of the shop and of the broker (from
 # /proc/<pid>/stat over the measured run); OUT.json, OUT.metrics.before, OUT.metrics (the
 # shop's /metrics before and after the measured run), OUT.threads.before and
@@ -77,7 +79,8 @@ load() { # seconds
   case $MODE in
     topic) topic_max "$1" ;;
     topic-rate) "$EF" load-topic --bootstrap "$BOOT" --app "$app" --duration "${1}s" --rate "$RATE" --json --quiet ;;
-    http-rate) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --rate "$RATE" --concurrency 1024 --json --quiet ;;
+    http-rate) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --rate "$RATE" --concurrency 1024 \
+      --warmup "${2:-0}s" --json --quiet ;;
     http-clients) "$EF" load --url "http://127.0.0.1:$port" --duration "${1}s" --concurrency "$CLIENTS" --json --quiet ;;
     *) echo "kafka-run: unknown mode $MODE (topic, topic-rate, http-rate, http-clients)" >&2; exit 2 ;;
   esac
@@ -95,6 +98,14 @@ if [ "$PREFILL" -gt 0 ]; then
   topic_max "$PREFILL" > "$OUT.prefill.json"
 fi
 load "$WARMUP" > /dev/null
+# An open-loop run opens its 1,024 connections in its first 1,024/RATE seconds; the
+# measured http-rate run first sends for OPEN seconds unmeasured (in the same process), so
+# that it measures commands on open connections. Everything below starts after it.
+open=0
+if [ "$MODE" = http-rate ]; then open=${OPEN:-1}; fi
+load "$DURATION" "$open" > "$OUT.json" &
+loader=$!
+sleep "$open"
 curl -s "http://127.0.0.1:$port/metrics" > "$OUT.metrics.before"
 s0=$(ticks "/proc/$pid"); b0=$(ticks "/proc/$bpid")
 { threads shop "$pid"; threads broker "$bpid"; } > "$OUT.threads.before"
@@ -104,7 +115,7 @@ if [ "${TIMELINE:-0}" = 1 ]; then
   tl=$!
 fi
 t0=$(date +%s.%N)
-load "$DURATION" > "$OUT.json"
+wait "$loader"
 t1=$(date +%s.%N)
 if [ -n "$tl" ]; then
   kill "$tl" && wait "$tl" || true

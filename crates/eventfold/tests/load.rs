@@ -416,6 +416,8 @@ async fn warmup_requests_are_sent_but_not_measured() {
     assert_eq!(server.seen().len() as u64, 50 + summary.warmup_requests);
     assert_eq!(summary.status_count(200), 50);
     assert!(summary.elapsed < Duration::from_millis(200), "{:?}", summary.elapsed);
+    // The warm-up's requests opened the workers' connections; they are counted too.
+    assert!((1..=8).contains(&summary.connects), "{}", summary.connects);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -718,6 +720,19 @@ async fn a_connection_the_server_closes_is_opened_again() {
     assert_eq!(summary.errors, 0);
     // `Connection: close` after every response: one connection per request.
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 20);
+    assert_eq!(summary.connects, 20);
+    let connect = summary.connect_ms.expect("connections were opened");
+    assert!(
+        connect.max > 0.0 && connect.max <= connect_bound(&summary),
+        "{connect:?}"
+    );
+    assert_eq!(summary.to_json()["connects"], 20);
+}
+
+/// Opening a connection is part of a request's time: it cannot take longer than the
+/// slowest request.
+fn connect_bound(summary: &Summary) -> f64 {
+    summary.latency_ms.max
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -736,6 +751,8 @@ async fn keep_alive_connections_carry_many_requests() {
     assert_eq!(summary.status_count(200), 60, "{:?}", summary.first_error);
     // One connection per worker, kept for the whole run.
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(summary.connects, 3, "the generator counts the connections it opened");
+    assert!(summary.connect_ms.is_some_and(|c| c.max <= connect_bound(&summary)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

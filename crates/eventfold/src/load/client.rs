@@ -60,6 +60,9 @@ pub(crate) struct Reply {
 #[derive(Default)]
 pub(crate) struct Connection {
     sender: Option<SendRequest<Body>>,
+    /// Time spent opening connections (TCP connect and HTTP/1.1 handshake) since the last
+    /// `take_connect_time`.
+    connecting: Option<Duration>,
 }
 
 /// A request: its path (with query) and, for a command (a POST), its idempotency key and
@@ -70,6 +73,12 @@ pub(crate) struct Call<'a> {
 }
 
 impl Connection {
+    /// How long the calls since the last take spent opening a connection (`None`: they
+    /// reused one).
+    pub(crate) fn take_connect_time(&mut self) -> Option<Duration> {
+        self.connecting.take()
+    }
+
     /// Sends `call` and reads the response to its end, within `timeout` (connecting
     /// included). Any failure closes the connection and is returned as text with its causes.
     pub(crate) async fn send(&mut self, target: &Target, call: Call<'_>, timeout: Duration) -> Result<Reply, String> {
@@ -89,7 +98,12 @@ impl Connection {
     async fn exchange(&mut self, target: &Target, call: Call<'_>) -> Result<Reply, String> {
         let sender = match &mut self.sender {
             Some(s) if !s.is_closed() => s,
-            _ => self.sender.insert(connect(target).await?),
+            _ => {
+                let began = std::time::Instant::now();
+                let opened = connect(target).await;
+                *self.connecting.get_or_insert(Duration::ZERO) += began.elapsed();
+                self.sender.insert(opened?)
+            }
         };
         sender.ready().await.map_err(|e| super::error_chain(&e))?;
         let builder = Request::builder().uri(call.path).header(HOST, target.host.clone());

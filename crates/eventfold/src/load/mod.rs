@@ -300,6 +300,12 @@ pub struct Summary {
     /// (their latency counts from the scheduled instant). A high start lag means the
     /// generator was behind (every worker busy, or no core for it), not the service.
     pub start_lag_ms: Option<Latency>,
+    /// Requests, warm-up included, that opened a connection (each worker's first, and any
+    /// after a failure or a `Connection: close`), and how long opening took them (TCP
+    /// connect and HTTP/1.1 handshake; `None` when none did). Without a warm-up, the
+    /// workers' first requests are measured and pay for it.
+    pub connects: u64,
+    pub connect_ms: Option<Latency>,
     /// Threshold used by [`Summary::check`].
     pub max_error_rate: f64,
     /// The run was stopped by the shutdown signal before reaching its limit.
@@ -441,6 +447,8 @@ impl Summary {
             "target_rate_per_s": self.target_rate,
             "latency_ms": latency.to_json(),
             "start_lag_ms": self.start_lag_ms.as_ref().map(Latency::to_json),
+            "connects": self.connects,
+            "connect_ms": self.connect_ms.as_ref().map(Latency::to_json),
             "interrupted": self.interrupted,
             "first_error": self.first_error,
         })
@@ -497,6 +505,13 @@ impl fmt::Display for Summary {
                 f,
                 "  start lag  {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  (sent late against the schedule: the generator was behind)",
                 l.p50, l.p90, l.p99, l.p99_9, l.max
+            )?;
+        }
+        if let Some(l) = &self.connect_ms {
+            writeln!(
+                f,
+                "  connect    {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  (opening a connection: {} requests, warm-up included)",
+                l.p50, l.p90, l.p99, l.p99_9, l.max, self.connects
             )?;
         }
         writeln!(f)?;
@@ -638,6 +653,9 @@ impl Shared {
             let (response, retries) = self.execute(&mut connection, n, worker, &mut rng, &stop).await;
             let done = Instant::now();
             let mut tally = lock(&self.tally);
+            if let Some(connect) = connection.take_connect_time() {
+                tally.record_connect(connect);
+            }
             if measured {
                 let timing = Timing {
                     latency: done - intended,
@@ -772,6 +790,8 @@ impl Shared {
         let finished = tally.last_done.unwrap_or_else(Instant::now);
         let latency_ms = Latency::from_histogram_us(&tally.latency_us);
         let start_lag_ms = opts.rate.map(|_| Latency::from_histogram_us(&tally.start_lag_us));
+        let connects = tally.connect_us.len();
+        let connect_ms = (connects > 0).then(|| Latency::from_histogram_us(&tally.connect_us));
         let url = match &opts.get {
             Some(path) => format!("GET {}{path}", opts.url.trim_end_matches('/')),
             None => format!(
@@ -792,6 +812,8 @@ impl Shared {
             target_rate: opts.rate,
             latency_ms,
             start_lag_ms,
+            connects,
+            connect_ms,
             max_error_rate: opts.max_error_rate,
             interrupted,
             first_error: tally.first_error.clone(),
@@ -834,6 +856,8 @@ struct Tally {
     latency_us: Histogram<u64>,
     /// Scheduled send instant to the actual send (`--rate` only).
     start_lag_us: Histogram<u64>,
+    /// Connection opening times of the requests that opened one, warm-up included.
+    connect_us: Histogram<u64>,
     status: BTreeMap<u16, u64>,
     requests: u64,
     failed: u64,
@@ -849,6 +873,7 @@ impl Tally {
         Self {
             latency_us: micros_histogram(),
             start_lag_us: micros_histogram(),
+            connect_us: micros_histogram(),
             status: BTreeMap::new(),
             requests: 0,
             failed: 0,
@@ -858,6 +883,11 @@ impl Tally {
             last_done: None,
             first_error: None,
         }
+    }
+
+    fn record_connect(&mut self, connect: Duration) {
+        let us = u64::try_from(connect.as_micros()).unwrap_or(u64::MAX).max(1);
+        self.connect_us.saturating_record(us);
     }
 
     fn record(&mut self, response: Response, retries: u32, timing: Timing) {
