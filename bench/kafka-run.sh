@@ -135,6 +135,9 @@ lat = r["latency_ms"]
 us = 1e6 / hz / n
 print(f"{out} rate {r['throughput_per_s']:.0f} p50 {lat['p50']:.1f} p90 {lat['p90']:.1f} "
       f"p99 {lat['p99']:.1f} max {lat['max']:.1f} shop_us/cmd {shop * us:.1f} broker_us/cmd {broker * us:.1f}")
+if r.get("connect_ms"):
+    # HTTP: the connections the load opened (warm-up included) and the longest opening.
+    print(f"  connections opened {r['connects']}, the longest in {r['connect_ms']['max']:.1f} ms")
 
 
 def threads(path):
