@@ -14,7 +14,30 @@ pub use error::ApiError;
 pub use routes::{HttpOptions, router};
 
 use std::future::Future;
-use tokio::net::TcpListener;
+use std::net::SocketAddr;
+use tokio::net::{TcpListener, TcpSocket};
+
+/// Connections the kernel may hold for [`serve`] to accept (Linux caps it at
+/// `net.core.somaxconn`, 4096 by default since 5.4). `TcpListener::bind` of std and tokio
+/// listens with 128: when a burst of clients connects faster than a busy service accepts
+/// (1,024 load-generator workers opening their connections within 0.2 s), the kernel drops
+/// the SYNs past that queue and each of those clients waits for its TCP retransmission,
+/// 1 s, before its first request goes out.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` for [`serve`], with [`LISTEN_BACKLOG`] pending connections.
+/// Must be called inside a tokio runtime.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // As std and tokio do: a restarted service can bind again while the old connections
+    // sit in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
 pub async fn serve(

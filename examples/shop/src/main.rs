@@ -119,9 +119,8 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let listener = tokio::net::TcpListener::bind(opts.http)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.http))?;
+    let listener =
+        eventfold::http::bind(opts.http).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.http))?;
     let addr = listener.local_addr()?;
     // Other instances forward reads to the address really bound (--http may say port 0).
     let mut opts = opts;
