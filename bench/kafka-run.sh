@@ -25,7 +25,8 @@
 # 50 ms, transaction stages, busiest threads) and prints a summary of its slow windows and
 # what ran in them (the store's flushes and compactions, the broker's GC and JIT).
 # DATA_ROOT: where the shop's data directory is made (default /tmp; e.g. /dev/shm to take
-# the disk out). The app's topics are dropped afterwards.
+# the disk out). The app's topics are dropped afterwards; the broker deletes their files
+# 60 s later (file.delete.delay.ms), which lands in the next run if it starts at once.
 #
 # Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
 #   cargo build --release --locked -p shop -p eventfold --bins
