@@ -332,13 +332,6 @@ class Suite:
         cmd += ["--count", str(count)] if count else ["--duration", duration]
         if rate:
             cmd += ["--rate", str(rate)]
-            if duration:
-                # An open-loop run opens its connections over its first concurrency/rate
-                # seconds (1,024 at 5,000/s: 0.2 s), and a request that opens one waits
-                # for it (p50 12 ms, max 59 ms on a busy shop, `connect_ms`): that is 2% of
-                # a 10 s run. A second sent unmeasured first, in the same process, opens
-                # them, so the run measures commands on open connections.
-                cmd += ["--warmup", "1s"]
         if in_flight:
             cmd += ["--in-flight", str(in_flight)]
         out = run(cmd, stdout=subprocess.PIPE, text=True).stdout
