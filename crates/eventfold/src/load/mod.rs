@@ -846,6 +846,11 @@ struct Timing {
     done: Instant,
 }
 
+/// `d` in whole microseconds for a histogram (at least 1, the histograms' lowest value).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
 /// A histogram of microseconds up to `LATENCY_US_MAX`, 3 significant digits.
 pub(crate) fn micros_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("constant histogram bounds are valid")
@@ -886,14 +891,12 @@ impl Tally {
     }
 
     fn record_connect(&mut self, connect: Duration) {
-        let us = u64::try_from(connect.as_micros()).unwrap_or(u64::MAX).max(1);
-        self.connect_us.saturating_record(us);
+        self.connect_us.saturating_record(micros(connect));
     }
 
     fn record(&mut self, response: Response, retries: u32, timing: Timing) {
-        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
-        self.latency_us.saturating_record(us(timing.latency));
-        self.start_lag_us.saturating_record(us(timing.start_lag));
+        self.latency_us.saturating_record(micros(timing.latency));
+        self.start_lag_us.saturating_record(micros(timing.start_lag));
         let done = timing.done;
         self.requests += 1;
         self.retries += u64::from(retries);
