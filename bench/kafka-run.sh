@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One Kafka-mode measurement on a fresh shop: the quick A/B tool behind the README's
-# "alternated pairs" (bench/run.py is the whole suite).
+# One Kafka-mode measurement on a fresh shop: the quick A/B tool behind the
+# "alternated pairs" of bench/FINDINGS.md (bench/run.py is the whole suite).
 #
 #   bench/kafka-run.sh OUT MODE [VAR=VALUE ...]
 #

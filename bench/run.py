@@ -944,7 +944,7 @@ def main():
     ap.add_argument("--kafka-rate", type=int, help="fixed rate for latency runs, commands/s (default 5000; smoke 500)")
     ap.add_argument("--kafka-partitions", type=int, default=4,
                     help="kafka scenario: partitions per topic, both systems (default 4: on one 2-core instance, "
-                         "each partition costs every transaction two produce requests; README, Benchmarks)")
+                         "each partition costs every transaction two produce requests; bench/FINDINGS.md)")
     ap.add_argument("--kafka-compare-partitions", type=int, default=8,
                     help="kafka scenario: also measure this build with this many partitions as "
                          "'eventfold N partitions' (default 8; 0: not)")

@@ -95,8 +95,8 @@ pub struct ServeOptions {
     /// the queue empty when the previous one ends does not wait, so a lone command is
     /// never delayed; under load each transaction takes what arrived meanwhile, or starts
     /// early once commands stop arriving (`--kafka-transaction-quiet-us`). Spares the broker
-    /// (its cost is mostly per transaction) for a few milliseconds of latency (README,
-    /// Benchmarks).
+    /// (its cost is mostly per transaction) for a few milliseconds of latency
+    /// (bench/FINDINGS.md).
     #[arg(long, env = "EVENTFOLD_KAFKA_MIN_TRANSACTION_INTERVAL_MS", default_value_t = KafkaOptions::new("", 1, "").min_transaction_interval.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=MAX_TRANSACTION_INTERVAL.as_millis() as u64))]
     pub kafka_min_transaction_interval_ms: u64,
     /// Kafka mode: while waiting out `--kafka-min-transaction-interval-ms`, start the

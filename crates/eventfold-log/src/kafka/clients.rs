@@ -52,7 +52,7 @@ pub(super) fn user_sets(options: &KafkaOptions, key: &str) -> bool {
 /// that record parsing was in the stacks of 14-22% of the allocation samples with
 /// uncompressed batches and of 2.6% with LZ4; the broker's young collections were in
 /// most of the slow half-seconds (`bench/timeline.py`). Measured on the 2-core VM, 3
-/// alternated pairs each (README, Benchmarks): p99 at 5,000/s over HTTP 39.7 / 49.9 /
+/// alternated pairs each (bench/FINDINGS.md): p99 at 5,000/s over HTTP 39.7 / 49.9 /
 /// 40.2 ms against 59.4 / 152.7 / 52.6, and 30,824 / 29,179 / 28,823 commands/s through
 /// the topic against 29,663 / 26,781 / 28,040, the broker using 12.5-13.7 µs per command
 /// there against 14.6-16.8. A new instance's restore pays for it: librdkafka decompresses

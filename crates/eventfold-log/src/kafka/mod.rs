@@ -163,7 +163,7 @@ pub struct KafkaOptions {
     /// cost is mostly per transaction (a produce request and a KIP-890 verification per
     /// topic-partition, then the offsets and markers): spacing them trades a few
     /// milliseconds of latency for a broker with that much less to do. Measured on two
-    /// cores shared with the broker (README, Benchmarks), 20 ms with a 1 ms quiet time
+    /// cores shared with the broker (bench/FINDINGS.md), 20 ms with a 1 ms quiet time
     /// at 5,000 commands/s over HTTP took the broker's CPU per command from about 142 to
     /// 122 µs and the p99 from about 52 to 46 ms, and raised the p50 at 1,000/s from
     /// about 10 to 13 ms; without the quiet time, 64 clients each waiting for its answer
