@@ -508,11 +508,15 @@ class Suite:
         finally:
             sampler.terminate()
             sampler.wait(timeout=10)
+        if sampler.returncode != 0:
+            die(f"bench/timeline.py failed (exit status {sampler.returncode}) sampling {label}")
         result["timeline"] = {"file": f"timelines/{path.name}", **timeline.summary(path)}
         t = result["timeline"]
+        if t["windows"] == 0:
+            die(f"bench/timeline.py wrote no window over {label}'s run ({path})")
         log(f"timeline {label}: {t['slow_windows']} of {t['windows']} windows had commands over 50 ms"
             + "".join(f"; {w['t_s']} s: {w['slow']} of {w['commands']} (shop {w['shop_top']}; broker "
-                      f"{w['broker_top']})" for w in t["worst"][:2]))
+                      f"{w['broker_top']}; other {w['other_ticks']}, steal {w['steal']})" for w in t["worst"][:2]))
         return result
 
     def scenario_restore(self):

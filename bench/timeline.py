@@ -15,7 +15,12 @@ appends one line per window to OUT (tab-separated, with a header):
 - tx: transactions committed; produce, send_offsets, delivery, commit, local_write: the
   milliseconds the transactions spent in each stage (`eventfold_log_transaction_stage_
   seconds_total`);
-- shop_ticks, broker_ticks: CPU ticks (1/CLK_TCK s) of each process;
+- shop_ticks, broker_ticks: CPU ticks (1/CLK_TCK s) of each process; a half-second
+  offers 50 per core;
+- other_ticks: the ticks the machine's CPUs were busy with anything else (the load
+  generator, the kernel's own threads, other processes; `/proc/stat` less the two);
+  steal: ticks the hypervisor ran something else on this machine's virtual CPUs while
+  they had work (`/proc/stat`'s steal), which no process here can see as its own;
 - store_bg: ticks of the shop's store background threads (fjall's flush and compaction
   workers, lsm-tree's `lsm-garbage`); broker_gc: of the broker's collector threads (G1's
   `GC Thread`, `G1 ...`); broker_jit: of its JIT compiler threads;
@@ -64,6 +69,14 @@ def metrics(url):
     return count, count - fast, tx, stages
 
 
+def machine():
+    """(busy ticks, stolen ticks) of all CPUs together, cumulative (`/proc/stat`)."""
+    with open("/proc/stat") as f:
+        cpu = [int(v) for v in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    return cpu[0] + cpu[1] + cpu[2] + cpu[5] + cpu[6], cpu[7]
+
+
 def threads(pid):
     """Thread name (numbers dropped) -> CPU ticks, summed over the process's threads."""
     ticks = collections.Counter()
@@ -95,7 +108,8 @@ def top(diff):
 
 
 # What may hold commands up in a window: (label, column, ticks that count).
-KINDS = (("store background", "store_bg", 5), ("broker GC", "broker_gc", 3), ("broker JIT", "broker_jit", 5))
+KINDS = (("store background", "store_bg", 5), ("broker GC", "broker_gc", 3), ("broker JIT", "broker_jit", 5),
+         ("steal", "steal", 5))
 
 
 def summary(path, worst=5):
@@ -108,7 +122,8 @@ def summary(path, worst=5):
     win = [dict(zip(rows[0], r)) for r in rows[1:]]
     slow = [w for w in win if int(w["slow"]) > 0]
     big = [i for i, w in enumerate(win) if int(w["slow"]) >= 100]
-    ran = {label: [any(int(win[j][col]) >= least for j in (i - 1, i) if j >= 0) for i in big]
+    # Files written before a column existed count it as 0.
+    ran = {label: [any(int(win[j].get(col, 0)) >= least for j in (i - 1, i) if j >= 0) for i in big]
            for label, col, least in KINDS}
     return {"windows": len(win), "slow_windows": len(slow), "windows_100_slow": len(big),
             "in_or_before_100_slow": {**{label: sum(flags) for label, flags in ran.items()},
@@ -131,25 +146,28 @@ def main():
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     with open(out, "w") as f:
         f.write("\t".join(("t_s", "commands", "slow", "tx", *STAGES, "shop_ticks", "broker_ticks",
-                           *GROUPS, "shop_top", "broker_top")) + "\n")
+                           "other_ticks", "steal", *GROUPS, "shop_top", "broker_top")) + "\n")
         start = time.monotonic()
         prev = None
         while not stop:
             now = time.monotonic()
-            m, s, b = metrics(url), threads(shop_pid), threads(broker_pid)
+            m, s, b, c = metrics(url), threads(shop_pid), threads(broker_pid), machine()
             if m is not None:
                 if prev is not None:
-                    pm, ps, pb = prev
+                    pm, ps, pb, pc = prev
                     # Counter subtraction keeps positive counts.
                     diff = {"shop": s - ps, "broker": b - pb}
                     stage_ms = [f"{(m[3].get(k, 0) - pm[3].get(k, 0)) * 1e3:.0f}" for k in STAGES]
                     groups = [str(group(diff[proc], prefixes)) for proc, prefixes in GROUPS.values()]
+                    shop_ticks, broker_ticks = sum(diff["shop"].values()), sum(diff["broker"].values())
+                    # The process and machine counters are read a moment apart: not below 0.
+                    other = max(c[0] - pc[0] - shop_ticks - broker_ticks, 0)
                     f.write("\t".join((f"{now - start:.1f}", f"{m[0] - pm[0]:.0f}", f"{max(m[1] - pm[1], 0):.0f}",
-                                       f"{m[2] - pm[2]:.0f}", *stage_ms, str(sum(diff["shop"].values())),
-                                       str(sum(diff["broker"].values())), *groups,
+                                       f"{m[2] - pm[2]:.0f}", *stage_ms, str(shop_ticks), str(broker_ticks),
+                                       str(other), str(c[1] - pc[1]), *groups,
                                        top(diff["shop"]), top(diff["broker"]))) + "\n")
                     f.flush()
-                prev = (m, s, b)
+                prev = (m, s, b, c)
             if not os.path.exists(f"/proc/{shop_pid}"):
                 break
             time.sleep(max(0.0, interval - (time.monotonic() - now)))

@@ -51,12 +51,13 @@ fi
 
 # The benchmark suite in smoke mode: every scenario against eventfold and its peers (the
 # peers' own tests included), seconds each, so that `bench/run.py` keeps working. Debug
-# binaries: the figures mean nothing here; the full run is `bench/run.py`.
+# binaries: the figures mean nothing here; the full run is `bench/run.py`. `--timeline`
+# runs bench/timeline.py over the kafka scenario's HTTP runs, beside the broker started above.
 if ! python3 -c 'import matplotlib' 2>/dev/null; then
   step "installing the benchmark suite's chart library (bench/requirements.txt) from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
 fi
-step "benchmark suite, smoke mode (bench/run.py --smoke)"
-python3 bench/run.py --smoke --debug-build --baseline-shop "${CARGO_TARGET_DIR:-target}/debug/shop"
+step "benchmark suite, smoke mode (bench/run.py --smoke --timeline)"
+python3 bench/run.py --smoke --timeline --debug-build --baseline-shop "${CARGO_TARGET_DIR:-target}/debug/shop"
 
 step "all checks passed in $(( $(date +%s) - started )) s"
