@@ -168,7 +168,7 @@ if show_timeline:
     t = summary(out + ".timeline")
     print(f"  timeline: {t['slow_windows']} of {t['windows']} windows had commands over 50 ms ({out}.timeline)"
           + "".join(f"\n    {w['t_s']} s: {w['slow']} of {w['commands']}, shop {w['shop_top']}, "
-                    f"broker {w['broker_top']}, other {w.get('other_ticks', '?')}, steal {w.get('steal', '?')}"
+                    f"broker {w['broker_top']}, other {w['other_ticks']}, steal {w['steal']}"
                     for w in t["worst"]))
     print(f"    {t['windows_100_slow']} windows with 100+ over 50 ms; in them or the window before: "
           + ", ".join(f"{label} {n}" for label, n in t["in_or_before_100_slow"].items()))
