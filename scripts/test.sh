@@ -22,6 +22,10 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "module import cycles (scripts/check_module_cycles.py)"
+python3 scripts/check_module_cycles.py --self-test
+python3 scripts/check_module_cycles.py
+
 if [ "${EVENTFOLD_SKIP_KAFKA:-0}" = 1 ]; then
   if [ "${CI:-}" = true ]; then
     echo "EVENTFOLD_SKIP_KAFKA=1 is not allowed in CI: Kafka tests never skip silently" >&2
