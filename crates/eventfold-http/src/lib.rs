@@ -3,6 +3,7 @@
 //! Every error leaves through [`ApiError`], so every error body is
 //! `{"error": <stable code>, "message": <sentence>}`.
 
+mod app;
 pub mod cluster;
 mod error;
 pub mod forward;

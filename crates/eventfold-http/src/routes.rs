@@ -1,5 +1,7 @@
 //! Routes and handlers of the HTTP API.
 
+pub use crate::app::HttpOptions;
+use crate::app::{App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::Forwarder;
 use axum::Router;
@@ -14,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use eventfold_core::Outcome;
 use eventfold_core::partition::partition_for;
-use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Registry, Runtime, ViewState};
+use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Runtime, ViewState};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::json;
@@ -24,46 +26,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
-
-/// Limits of the HTTP layer.
-#[derive(Debug, Clone)]
-pub struct HttpOptions {
-    /// Largest accepted request body in bytes (64 KiB); larger gets 413.
-    pub max_body_bytes: usize,
-    /// Most events returned by one `GET .../events` (1000).
-    pub max_events_page: usize,
-    /// Address shown in `/v1/cluster`.
-    pub advertised_address: String,
-    /// How long a view query waits for its `min_position` before 504 (5 s).
-    pub view_wait: Duration,
-    /// Kafka mode with several instances: who owns which partition. Reads of an aggregate
-    /// whose partition another instance owns are forwarded there (one hop), and
-    /// `/v1/cluster` lists the instances. `None`: every partition is served here.
-    pub registry: Option<Arc<Registry>>,
-    /// How long a forwarded request waits for the owner's answer to start (10 s).
-    pub forward_timeout: Duration,
-}
-
-impl Default for HttpOptions {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 64 * 1024,
-            max_events_page: 1000,
-            advertised_address: String::new(),
-            view_wait: Duration::from_secs(5),
-            registry: None,
-            forward_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct App {
-    pub(crate) runtime: Runtime,
-    pub(crate) options: Arc<HttpOptions>,
-    /// Sends reads to the owning instance (with a registry only).
-    pub(crate) forwarder: Option<Forwarder>,
-}
 
 /// The API router over `runtime`.
 pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
@@ -141,20 +103,6 @@ async fn to_owner(State(app): State<App>, req: Request, next: Next) -> Response 
         Some(_) => next.run(req).await,
         None => owner_unavailable(&ty, p).into_response(),
     }
-}
-
-/// 503 `owner_unavailable` with `Retry-After: 1`: no live instance claims partition `p` of
-/// aggregate type `ty` (the consumer group is moving it).
-pub(crate) fn owner_unavailable(ty: &str, p: u32) -> ApiError {
-    let mut err = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "owner_unavailable",
-        format!(
-            "partition {p} of `{ty}` is owned by another instance and no live instance claims it yet (the consumer group is moving it); retry shortly"
-        ),
-    );
-    err.retry_after = Some(Duration::from_secs(1));
-    err
 }
 
 fn service<'a>(app: &'a App, ty: &str) -> Result<&'a Arc<dyn AggregateService>, ApiError> {

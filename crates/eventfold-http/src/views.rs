@@ -27,9 +27,9 @@
 //! and the cursor continues from there, so pages concatenate to the full answer with no
 //! gap or repeat. A partition no live instance claims gives 503 `owner_unavailable`.
 
+use crate::app::{App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::{Forwarder, SHARD_PARTITIONS};
-use crate::routes::{App, owner_unavailable};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};

@@ -1,0 +1,64 @@
+//! What every handler shares: the HTTP layer's options and the state of the router
+//! (`App`), and the answer when no instance owns a partition. Kept apart from `routes`
+//! and `views` so that each imports it and neither imports the other.
+
+use crate::error::ApiError;
+use crate::forward::Forwarder;
+use axum::http::StatusCode;
+use eventfold_runtime::{Registry, Runtime};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Limits of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Largest accepted request body in bytes (64 KiB); larger gets 413.
+    pub max_body_bytes: usize,
+    /// Most events returned by one `GET .../events` (1000).
+    pub max_events_page: usize,
+    /// Address shown in `/v1/cluster`.
+    pub advertised_address: String,
+    /// How long a view query waits for its `min_position` before 504 (5 s).
+    pub view_wait: Duration,
+    /// Kafka mode with several instances: who owns which partition. Reads of an aggregate
+    /// whose partition another instance owns are forwarded there (one hop), and
+    /// `/v1/cluster` lists the instances. `None`: every partition is served here.
+    pub registry: Option<Arc<Registry>>,
+    /// How long a forwarded request waits for the owner's answer to start (10 s).
+    pub forward_timeout: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_events_page: 1000,
+            advertised_address: String::new(),
+            view_wait: Duration::from_secs(5),
+            registry: None,
+            forward_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct App {
+    pub(crate) runtime: Runtime,
+    pub(crate) options: Arc<HttpOptions>,
+    /// Sends reads to the owning instance (with a registry only).
+    pub(crate) forwarder: Option<Forwarder>,
+}
+
+/// 503 `owner_unavailable` with `Retry-After: 1`: no live instance claims partition `p` of
+/// aggregate type `ty` (the consumer group is moving it).
+pub(crate) fn owner_unavailable(ty: &str, p: u32) -> ApiError {
+    let mut err = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_unavailable",
+        format!(
+            "partition {p} of `{ty}` is owned by another instance and no live instance claims it yet (the consumer group is moving it); retry shortly"
+        ),
+    );
+    err.retry_after = Some(Duration::from_secs(1));
+    err
+}
