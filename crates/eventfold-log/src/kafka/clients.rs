@@ -1,14 +1,13 @@
 //! The consumers of the Kafka log: committed reads, last stable offsets, group offsets and
 //! the group metadata that transactions commit offsets with. All calls block.
 
-use super::KafkaOptions;
+use super::common::{consumer_config, kafka_error, producer_config, to_record, user_sets};
+use super::options::KafkaOptions;
 use crate::{Error, Result};
 use eventfold_core::Record;
-use eventfold_core::envelope::headers;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -17,80 +16,6 @@ use std::time::{Duration, Instant};
 
 /// Readers kept for reuse; more are created under concurrency and dropped past this.
 const MAX_IDLE_READERS: usize = 8;
-
-/// A log error from an rdkafka error, with what was being done.
-pub(super) fn kafka_error(what: &str, e: KafkaError) -> Error {
-    Error::Kafka(format!("{what}: {e}"))
-}
-
-/// The settings every client shares: brokers, no topic auto-creation (topics are created
-/// by the provisioner with the right partition count), then the user's extras.
-pub(super) fn base_config(options: &KafkaOptions) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &options.bootstrap_servers)
-        .set("allow.auto.create.topics", "false");
-    for (k, v) in &options.client_config {
-        c.set(k, v);
-    }
-    c
-}
-
-/// Whether the user's extra client config sets `key` (eventfold's own default for it then
-/// gives way).
-pub(super) fn user_sets(options: &KafkaOptions, key: &str) -> bool {
-    options.client_config.iter().any(|(k, _)| k == key)
-}
-
-/// The settings of eventfold's producers (transactional and `Log::send`'s): the shared
-/// ones, and batches compressed with LZ4 unless the user chose a compression
-/// (`compression.type` or its alias `compression.codec`; `none` turns it off).
-///
-/// LZ4 is for the broker more than for the bytes. It validates an uncompressed batch
-/// record by record, allocating every record's key, value and headers (an event carries
-/// about eight), while a compressed batch that it keeps as it came is validated without
-/// them. In Java Flight Recorder profiles of the broker at 5,000 commands/s over HTTP,
-/// that record parsing was in the stacks of 14-22% of the allocation samples with
-/// uncompressed batches and of 2.6% with LZ4; the broker's young collections were in
-/// most of the slow half-seconds (`bench/timeline.py`). Measured on the 2-core VM, 3
-/// alternated pairs each (bench/FINDINGS.md): p99 at 5,000/s over HTTP 39.7 / 49.9 /
-/// 40.2 ms against 59.4 / 152.7 / 52.6, and 30,824 / 29,179 / 28,823 commands/s through
-/// the topic against 29,663 / 26,781 / 28,040, the broker using 12.5-13.7 µs per command
-/// there against 14.6-16.8. A new instance's restore pays for it: librdkafka decompresses
-/// what it fetches, and restoring 300,000 commands took about 15% more CPU.
-///
-/// `linger.ms` is 1 unless the user sets it (or its alias `queue.buffering.max.ms`): a
-/// transaction hands all its records over at once, and a request then waits at most a
-/// millisecond for the rest of its batch.
-pub(super) fn producer_config(options: &KafkaOptions) -> ClientConfig {
-    let mut c = base_config(options);
-    if !user_sets(options, "compression.type") && !user_sets(options, "compression.codec") {
-        c.set("compression.type", "lz4");
-    }
-    if !user_sets(options, "linger.ms") && !user_sets(options, "queue.buffering.max.ms") {
-        c.set("linger.ms", "1");
-    }
-    c
-}
-
-/// A `read_committed` consumer configuration (no group unless `group` is set).
-pub(super) fn consumer_config(options: &KafkaOptions, group: Option<&str>) -> ClientConfig {
-    let mut c = base_config(options);
-    c.set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        // Reads stop at the end of the partition: do not let the broker park a fetch.
-        .set("fetch.wait.max.ms", "20");
-    if let Some(g) = group {
-        c.set("group.id", g);
-    }
-    // The user's extras win over these defaults too.
-    for (k, v) in &options.client_config {
-        c.set(k, v);
-    }
-    c
-}
 
 /// The context of eventfold's consumers: a partition's end is an expected event of every
 /// read (`enable.partition.eof`), not an error worth a log line; everything else is logged.
@@ -508,59 +433,5 @@ fn position(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Option
     match tpl.find_partition(topic, partition)?.offset() {
         Offset::Offset(n) if n >= 0 => Some(n as u64),
         _ => None,
-    }
-}
-
-/// The headers of `r` as Kafka headers.
-pub(super) fn kafka_headers(r: &Record) -> rdkafka::message::OwnedHeaders {
-    r.headers.iter().fold(
-        rdkafka::message::OwnedHeaders::new_with_capacity(r.headers.len()),
-        |h, (k, v)| h.insert(rdkafka::message::Header { key: k, value: Some(v) }),
-    )
-}
-
-pub(super) fn to_record(m: &BorrowedMessage<'_>) -> Record {
-    Record {
-        key: m.key().unwrap_or_default().to_vec(),
-        value: m.payload().unwrap_or_default().to_vec(),
-        headers: m
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| (headers::name(h.key), h.value.unwrap_or_default().to_vec()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `producer_config` sets `default` for `keys[0]` unless the user's config sets either
-    /// key (the other is its alias), which is then left as the user set it; consumers never
-    /// get the producer property.
-    fn default_gives_way(keys: [&str; 2], default: &str, user: &str) {
-        let mut o = KafkaOptions::new("127.0.0.1:9", 1, "t");
-        assert_eq!(producer_config(&o).get(keys[0]), Some(default));
-        assert_eq!(consumer_config(&o, None).get(keys[0]), None);
-        for (set, other) in [(keys[0], keys[1]), (keys[1], keys[0])] {
-            o.client_config = vec![(set.to_owned(), user.to_owned())];
-            let c = producer_config(&o);
-            assert_eq!(c.get(set), Some(user), "{set}");
-            assert_eq!(c.get(other), None, "{set} set: {other} is left alone");
-        }
-    }
-
-    #[test]
-    fn producers_compress_with_lz4_unless_the_user_chose_a_compression() {
-        default_gives_way(["compression.type", "compression.codec"], "lz4", "none");
-    }
-
-    #[test]
-    fn producers_linger_a_millisecond_unless_the_user_says_otherwise() {
-        default_gives_way(["linger.ms", "queue.buffering.max.ms"], "1", "0");
     }
 }

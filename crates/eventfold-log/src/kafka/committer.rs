@@ -6,8 +6,8 @@
 //! after it, collecting the units that arrive meanwhile, unless none arrives for
 //! `KafkaOptions::transaction_quiet`.
 
-use super::clients::{kafka_error, producer_config, user_sets};
-use super::{Reply, Shared, Stats, TopicPartition};
+use super::common::{kafka_error, producer_config, user_sets};
+use super::shared::{ApplyTicket, Reply, Shared, Stats, TopicPartition};
 use crate::{Append, CommitUnit, Consumed, Error, Receipt, Result, offset_key};
 use eventfold_store::{Batch, EncodedRecord, Store};
 use rdkafka::client::ClientContext;
@@ -264,7 +264,7 @@ pub(in crate::kafka) struct Committer {
     /// store (or failed): others may see the transaction before the apply thread writes it to
     /// the local store, and local reads wait for it (`Log::applied`). `finish` hands it to
     /// the apply thread with the group.
-    applying: std::cell::Cell<Option<super::ApplyTicket>>,
+    applying: std::cell::Cell<Option<ApplyTicket>>,
     /// Hands committed groups to the apply thread (see `Applier`).
     apply: Option<mpsc::SyncSender<Committed>>,
 }
@@ -285,7 +285,7 @@ struct Committed {
     transacted: bool,
     write_started: Instant,
     /// Dropped once the group is in the local store (see `Committer::applying`).
-    ticket: Option<super::ApplyTicket>,
+    ticket: Option<ApplyTicket>,
 }
 
 /// The apply thread of a lane: writes each committed group to the local store, counts it
@@ -742,7 +742,7 @@ impl Committer {
         let deadline = Instant::now() + self.shared.options.operation_timeout;
         for (index, a) in appends.enumerate() {
             let r = &a.record;
-            let headers = super::clients::kafka_headers(r);
+            let headers = super::common::kafka_headers(r);
             let mut record = BaseRecord::with_opaque_to(&a.topic, Tag::new(seq, index).pack())
                 .partition(a.partition as i32)
                 .key(&r.key[..])

@@ -6,8 +6,8 @@
 //! commit offsets with, so the broker refuses offsets from a member the group has moved
 //! on from (KIP-447).
 
-use super::KafkaOptions;
-use super::clients::{consumer_config, kafka_error, to_record};
+use super::common::{consumer_config, kafka_error, to_record};
+use super::options::KafkaOptions;
 use crate::{Error, GroupEvent, MemberControl, Result, RevokeAck};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

@@ -67,322 +67,27 @@
 
 mod clients;
 mod committer;
+mod common;
 mod member;
+mod options;
 mod provision;
+mod shared;
 
+pub use options::{Faults, KafkaOptions, MAX_TRANSACTION_INTERVAL, TopicDefaults};
 pub use provision::{single_replica_risk, topic_config};
 
-use crate::{CommitFuture, CommitUnit, Error, Log, Receipt, Result};
+use crate::{CommitFuture, CommitUnit, Error, Log, Result};
 use async_trait::async_trait;
 use clients::Clients;
 use eventfold_core::{Record, RecordRef};
 use eventfold_store::Store;
 use provision::Provisioner;
 use rdkafka::producer::FutureRecord;
+use shared::Shared;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::oneshot;
-
-/// Configs of the topics this log creates.
-#[derive(Debug, Clone)]
-pub struct TopicDefaults {
-    /// Replication factor of new topics (1 for a single test broker; 3 in production).
-    pub replication_factor: i32,
-    /// `retention.ms` of `*.commands` topics.
-    pub commands_retention_ms: i64,
-    /// `retention.ms` of `*.results` topics.
-    pub results_retention_ms: i64,
-}
-
-impl Default for TopicDefaults {
-    fn default() -> Self {
-        Self {
-            replication_factor: 1,
-            commands_retention_ms: 7 * 24 * 3600 * 1000,
-            results_retention_ms: 24 * 3600 * 1000,
-        }
-    }
-}
-
-/// Options of the Kafka log.
-#[derive(Debug, Clone)]
-pub struct KafkaOptions {
-    /// `bootstrap.servers`, e.g. `127.0.0.1:9092`.
-    pub bootstrap_servers: String,
-    /// The partition count of every topic of the app.
-    pub partitions: u32,
-    /// `transactional.id` of the producer: unique per instance, stable across its
-    /// restarts (a restarted instance fences its previous incarnation).
-    pub transactional_id: String,
-    /// `transaction.timeout.ms`: the broker aborts a transaction left open this long.
-    pub transaction_timeout: Duration,
-    /// Bound on every blocking broker call (init, offsets, commit, abort, metadata,
-    /// offset queries) and on each read.
-    pub operation_timeout: Duration,
-    /// `session.timeout.ms` of group members ([`Log::join`]): how long the group waits
-    /// for a silent member before it moves the member's partitions to others.
-    pub session_timeout: Duration,
-    /// Configs of created topics.
-    pub topics: TopicDefaults,
-    /// Largest commit unit accepted, in bytes (records and local changes).
-    pub max_unit_bytes: usize,
-    /// Largest record accepted (key, value and headers), in bytes; keep it below the
-    /// broker's `message.max.bytes`.
-    pub max_record_bytes: usize,
-    /// Most bytes merged into one transaction.
-    pub max_group_bytes: usize,
-    /// Most units merged into one transaction.
-    pub max_group_units: usize,
-    /// Transactional producers committing in parallel, each on its own thread with
-    /// `transactional.id` `<transactional_id>-<k>` (just `<transactional_id>` when 1).
-    /// A unit goes to lane `partition % committers` (its [`CommitUnit::lane`], else its
-    /// first partition), so one partition's units keep their order. Kafka completes a
-    /// transaction's markers before the same producer may start the next one; several
-    /// lanes overlap those waits (so do a lane's `producers_per_committer`). Default 1:
-    /// every transaction then carries more units, and Kafka's cost is per produce request
-    /// (one per topic-partition per transaction), so one lane costs the broker less CPU.
-    /// Keep it constant for an instance: a lane that disappears leaves its last open
-    /// transaction to the broker's transaction timeout.
-    pub committers: usize,
-    /// Transactional producers per committer lane, taken in turn, one per transaction
-    /// (`transactional.id` of the lane, then `<lane id>.1`, `<lane id>.2`, ...). A
-    /// producer may begin its next transaction only after the broker has written the
-    /// markers of its previous one (librdkafka lacks KIP-890), which takes about as long
-    /// as a transaction; while one producer's markers are written, the next producer's
-    /// transaction runs. Transactions of a lane stay strictly one after the other. Keep it
-    /// constant for an instance, like `committers`.
-    pub producers_per_committer: usize,
-    /// Shortest time from the start of one transaction of a lane to the start of the next
-    /// while units queue up (default 20 ms; zero: each starts as soon as the previous one
-    /// is done). A lane that finds no unit waiting when a transaction ends starts the next
-    /// one as soon as a unit arrives, so a lone command never waits for it; only
-    /// back-to-back transactions are spaced, each taking the units that arrived meanwhile,
-    /// and `transaction_quiet` cuts the wait short once units stop arriving. The broker's
-    /// cost is mostly per transaction (a produce request and a KIP-890 verification per
-    /// topic-partition, then the offsets and markers): spacing them trades a few
-    /// milliseconds of latency for a broker with that much less to do. Measured on two
-    /// cores shared with the broker (bench/FINDINGS.md), 20 ms with a 1 ms quiet time
-    /// at 5,000 commands/s over HTTP took the broker's CPU per command from about 142 to
-    /// 122 µs and the p99 from about 52 to 46 ms, and raised the p50 at 1,000/s from
-    /// about 10 to 13 ms; without the quiet time, 64 clients each waiting for its answer
-    /// got a quarter fewer commands through, with it 5-9% more.
-    pub min_transaction_interval: Duration,
-    /// While a lane waits out `min_transaction_interval`, it starts the transaction early
-    /// once no unit has arrived for this long (default 1 ms; `None`: it waits the whole
-    /// interval). Commands of clients that each wait for their answer arrive in a burst
-    /// after each transaction, then stop: the lane need not wait for more. Commands
-    /// arriving on their own clock (many independent callers) keep coming, and the
-    /// interval spaces the transactions.
-    pub transaction_quiet: Option<Duration>,
-    /// How often the local store's journal is written to disk (`fdatasync`), without
-    /// holding it (default 250 ms; `None`: never). The store is a cache here, so no commit
-    /// syncs it, but fjall syncs the old journal whenever a memtable rotates, holding the
-    /// journal meanwhile: with all the data since the last rotation to write, the next
-    /// local writes waited 100-240 ms then (measured at 5,000 commands/s), and every
-    /// command queued behind them. Syncing regularly leaves that rotation little to write.
-    pub cache_sync_interval: Option<Duration>,
-    /// Extra librdkafka properties for every client (e.g. security settings). eventfold's
-    /// producers compress with LZ4 unless these set `compression.type` (e.g. `none`).
-    pub client_config: Vec<(String, String)>,
-    /// Fault injection for tests.
-    #[doc(hidden)]
-    pub faults: Faults,
-}
-
-/// Fault injection (tests only): real failures provoked on purpose.
-#[doc(hidden)]
-#[derive(Debug, Clone, Default)]
-pub struct Faults {
-    /// While positive, each transaction's `commit_transaction` gets a zero timeout and
-    /// fails as a timed-out commit (the outcome left unknown, even when librdkafka managed
-    /// to answer in time), and the count drops by one.
-    pub commit_timeouts: Arc<AtomicU64>,
-    /// Milliseconds the apply thread waits between a transaction's commit and its local
-    /// store write (0: none): widens the window [`Log::applied`] closes.
-    pub local_write_delay_ms: Arc<AtomicU64>,
-    /// While positive, each local store write of a committed group fails (after the
-    /// delay above), and the count drops by one.
-    pub local_write_failures: Arc<AtomicU64>,
-}
-
-impl KafkaOptions {
-    /// Options with defaults for everything but the broker, partition count and id.
-    pub fn new(bootstrap_servers: impl Into<String>, partitions: u32, transactional_id: impl Into<String>) -> Self {
-        Self {
-            bootstrap_servers: bootstrap_servers.into(),
-            partitions,
-            transactional_id: transactional_id.into(),
-            // Kafka Streams' choice for exactly-once: a transaction left open by an
-            // instance that died holds its partitions' last stable offset (what the new
-            // owner restores up to, and views read) for at most this long.
-            transaction_timeout: Duration::from_secs(10),
-            operation_timeout: Duration::from_secs(30),
-            session_timeout: Duration::from_secs(10),
-            topics: TopicDefaults::default(),
-            max_unit_bytes: 16 << 20,
-            max_record_bytes: 1_000_000,
-            max_group_bytes: 32 << 20,
-            max_group_units: 4096,
-            committers: 1,
-            producers_per_committer: 2,
-            min_transaction_interval: Duration::from_millis(20),
-            transaction_quiet: Some(Duration::from_millis(1)),
-            cache_sync_interval: Some(Duration::from_millis(250)),
-            client_config: Vec::new(),
-            faults: Faults::default(),
-        }
-    }
-
-    fn validate(&self) -> Result<()> {
-        let bad = |what: &str| Err(Error::Config(format!("kafka options: {what}")));
-        if self.bootstrap_servers.trim().is_empty() {
-            return bad("bootstrap servers are empty");
-        }
-        if self.partitions == 0 || self.partitions > i32::MAX as u32 {
-            return bad("partitions must be in 1..=2^31-1");
-        }
-        if self.transactional_id.is_empty() {
-            return bad("the transactional id is empty");
-        }
-        if self.cache_sync_interval.is_some_and(|d| d.is_zero()) {
-            return bad("the cache sync interval must be positive (None: never)");
-        }
-        if self.topics.replication_factor < 1 {
-            return bad("the replication factor must be at least 1");
-        }
-        if self.operation_timeout.is_zero() || self.transaction_timeout < Duration::from_secs(1) {
-            return bad("timeouts must be positive (transaction timeout at least 1 s)");
-        }
-        if self.max_group_units == 0 || self.max_record_bytes == 0 {
-            return bad("group and record limits must be positive");
-        }
-        if !(1..=64).contains(&self.committers) {
-            return bad("committers must be in 1..=64");
-        }
-        if !(1..=8).contains(&self.producers_per_committer) {
-            return bad("producers per committer must be in 1..=8");
-        }
-        if self.min_transaction_interval > MAX_TRANSACTION_INTERVAL {
-            return bad("the minimum transaction interval must be at most 1 s");
-        }
-        if self
-            .transaction_quiet
-            .is_some_and(|q| q.is_zero() || q > MAX_TRANSACTION_INTERVAL)
-        {
-            return bad("the transaction quiet time must be positive and at most 1 s (None: off)");
-        }
-        Ok(())
-    }
-}
-
-/// Counters of the committer (see [`crate::Stats`]).
-pub(crate) use crate::Counters as Stats;
-
-/// A topic and one of its partitions.
-type TopicPartition = (Arc<str>, u32);
-
-/// What the committer and the readers share.
-struct Shared {
-    options: KafkaOptions,
-    provisioner: Provisioner,
-    clients: Clients,
-    /// Per partition, the offset after the last record this log committed: the LSO must
-    /// reach it before `end_offset` answers (read-your-commits, see the module docs).
-    committed_ends: Mutex<HashMap<TopicPartition, u64>>,
-    /// Why the log stopped (fenced, or the local store failed after a commit): set by any
-    /// committer lane, it stops them all (a fenced instance is a zombie as a whole).
-    poisoned: Mutex<Option<String>>,
-    /// Commit groups between their transaction's commit and their local store write.
-    applying: Arc<Applying>,
-    /// The log's counters (the committers count commits, readers their broker requests).
-    stats: Arc<Stats>,
-    /// Partitions only this log writes now, its store holding their earlier records
-    /// ([`Log::set_sole_writer`]).
-    sole: Mutex<std::collections::HashSet<TopicPartition>>,
-}
-
-/// The commit groups whose transaction others may already see (another instance answers
-/// a command's outcome from the results topic once the transaction commits) while the
-/// committer has not yet written it to the local store: [`Log::applied`] waits for the
-/// ones that began before it was called.
-#[derive(Default)]
-struct Applying {
-    state: Mutex<ApplyingState>,
-    done: tokio::sync::Notify,
-}
-
-#[derive(Default)]
-struct ApplyingState {
-    /// The ticket the next group gets.
-    next: u64,
-    /// Tickets of the groups not yet written locally (or failed).
-    pending: std::collections::BTreeSet<u64>,
-}
-
-/// A group's ticket: ends (and wakes the waiters) when dropped, whatever the outcome.
-pub(in crate::kafka) struct ApplyTicket {
-    applying: Arc<Applying>,
-    ticket: u64,
-}
-
-impl Drop for ApplyTicket {
-    fn drop(&mut self) {
-        self.applying
-            .state
-            .lock()
-            .expect("applying lock")
-            .pending
-            .remove(&self.ticket);
-        self.applying.done.notify_waiters();
-    }
-}
-
-impl Applying {
-    /// Called before a group's transaction is committed; dropped after its local write.
-    fn begin(self: &Arc<Self>) -> ApplyTicket {
-        let mut state = self.state.lock().expect("applying lock");
-        let ticket = state.next;
-        state.next += 1;
-        state.pending.insert(ticket);
-        ApplyTicket {
-            applying: self.clone(),
-            ticket,
-        }
-    }
-
-    /// Whether every group with a ticket below `limit` has ended.
-    fn ended_below(&self, limit: u64) -> bool {
-        let state = self.state.lock().expect("applying lock");
-        state.pending.first().is_none_or(|first| *first >= limit)
-    }
-
-    /// Waits until every group that began before this call has ended, at most `bound`.
-    async fn wait(&self, bound: Duration) {
-        let limit = self.state.lock().expect("applying lock").next;
-        let deadline = tokio::time::Instant::now() + bound;
-        loop {
-            let notified = self.done.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.ended_below(limit) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                tracing::warn!(
-                    waited_ms = bound.as_millis() as u64,
-                    "a committed transaction is not in the local store yet; reading without it"
-                );
-                return;
-            }
-        }
-    }
-}
-
-/// Upper bound of [`KafkaOptions::min_transaction_interval`]: a longer pause only
-/// delays commands while the broker waits idle.
-pub const MAX_TRANSACTION_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Units of one lane a writer keeps committing at once (`Log::units_in_flight`). A unit's
 /// turn ends only when its group is written locally, after the next transaction began:
@@ -396,109 +101,6 @@ pub const UNITS_IN_FLIGHT: usize = 32;
 
 /// How long a local read waits for committed transactions to reach the local store.
 const APPLIED_WAIT: Duration = Duration::from_secs(5);
-
-impl Shared {
-    fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
-        if partition >= self.options.partitions {
-            return Err(Error::NoSuchPartition {
-                topic: topic.to_owned(),
-                partition,
-                partitions: self.options.partitions,
-            });
-        }
-        Ok(())
-    }
-
-    /// The offset after the last record this log committed to `topic`/`partition` (0 if none).
-    fn committed_end(&self, topic: &str, partition: u32) -> u64 {
-        self.committed_ends
-            .lock()
-            .expect("committed ends lock")
-            .get(&(Arc::from(topic), partition))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Whether a read from `from` of `topic`/`partition`, beyond what the local cache holds,
-    /// has nothing to find: only this log writes the partition ([`Log::set_sole_writer`]),
-    /// its own commits there end at or before `from` (the cache holds them) and the log is
-    /// not stopped. Offsets past the cache are then only transaction markers.
-    fn nothing_beyond(&self, topic: &str, partition: u32, from: u64) -> bool {
-        let sole = self
-            .sole
-            .lock()
-            .expect("sole writer lock")
-            .contains(&(Arc::from(topic), partition));
-        sole && self.committed_end(topic, partition) <= from && self.poisoned.lock().expect("poisoned lock").is_none()
-    }
-
-    /// The last stable offset of `topic`/`partition`, once it covers our own commits.
-    fn end_offset(&self, topic: &str, partition: u32) -> Result<u64> {
-        self.check_partition(topic, partition)?;
-        self.provisioner.ensure(topic)?;
-        let ours = self.committed_end(topic, partition);
-        let deadline = Instant::now() + self.options.operation_timeout;
-        loop {
-            self.stats.end_offset_queries.fetch_add(1, Ordering::Relaxed);
-            let lso = self.clients.last_stable_offset(topic, partition)?;
-            if lso >= ours {
-                return Ok(lso);
-            }
-            if Instant::now() >= deadline {
-                // Seen after broker restarts: a transaction whose markers the broker has not
-                // written yet holds the LSO back for a minute or more. What this log
-                // committed is in the local store already; readers of the topic see it once
-                // the broker catches up. Waiting longer would only stop the partition.
-                tracing::warn!(
-                    %topic,
-                    partition,
-                    lso,
-                    committed_end = ours,
-                    waited = ?self.options.operation_timeout,
-                    "the last stable offset stays behind this log's own commits (an open transaction holds it back); going on with it"
-                );
-                return Ok(lso);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Waits until the LSO reaches the high watermark taken now: every transaction open on
-    /// the partition at this instant is decided (see [`Log::settle`]).
-    fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
-        self.check_partition(topic, partition)?;
-        self.provisioner.ensure(topic)?;
-        self.stats.end_offset_queries.fetch_add(1, Ordering::Relaxed);
-        let high = self.clients.high_watermark(topic, partition)?;
-        let deadline = Instant::now() + self.options.operation_timeout;
-        loop {
-            self.stats.end_offset_queries.fetch_add(1, Ordering::Relaxed);
-            let lso = self.clients.last_stable_offset(topic, partition)?;
-            if lso >= high {
-                return Ok(true);
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(%topic, partition, lso, high, "open transactions did not settle in time; going on");
-                return Ok(false);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
-        let end = self.end_offset(topic, partition)?;
-        if max == 0 || from >= end {
-            return Ok(Vec::new());
-        }
-        self.stats.broker_reads.fetch_add(1, Ordering::Relaxed);
-        self.clients.read(topic, partition, from, end, max)
-    }
-
-    fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
-        self.check_partition(topic, partition)?;
-        self.clients.committed_offset(group, topic, partition)
-    }
-}
 
 /// The Kafka backend of [`Log`] (see the module docs).
 pub struct KafkaLog {
@@ -917,7 +519,7 @@ impl Log for KafkaLog {
         self.blocking(move |s| s.provisioner.ensure(&topic)).await?;
         let producer = self.shared.clients.sender()?;
         let r = &append.record;
-        let headers = clients::kafka_headers(r);
+        let headers = common::kafka_headers(r);
         let record = FutureRecord::to(&append.topic)
             .partition(append.partition as i32)
             .key(&r.key)
@@ -926,7 +528,7 @@ impl Log for KafkaLog {
             .timestamp(r.timestamp_ms);
         match producer.send(record, self.shared.options.operation_timeout).await {
             Ok(delivery) => Ok(delivery.offset as u64),
-            Err((e, _)) => Err(clients::kafka_error(
+            Err((e, _)) => Err(common::kafka_error(
                 &format!("cannot send a record to {}/{}", append.topic, append.partition),
                 e,
             )),
@@ -962,34 +564,11 @@ fn claim_store(store: &Store, partitions: u32) -> Result<()> {
     }
 }
 
-/// Runs `fut` to completion on the current thread. For rdkafka's admin futures, which
-/// are completed by librdkafka's own threads and need no async runtime; used only on the
-/// committer thread and in `spawn_blocking`.
-fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
-}
-
-/// Where the committer answers a unit.
-type Reply = oneshot::Sender<Result<Receipt>>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use eventfold_store::{Batch, StoreOptions};
+    use std::time::Instant;
 
     #[test]
     fn a_zero_cache_sync_interval_is_refused() {

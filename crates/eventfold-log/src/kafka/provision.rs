@@ -2,7 +2,8 @@
 //! the configs their suffix calls for; an existing topic with another count, or with a
 //! cleanup or retention policy that would lose what eventfold keeps in it, is refused.
 
-use super::{KafkaOptions, TopicDefaults, block_on, clients::kafka_error};
+use super::common::{block_on, kafka_error};
+use super::options::{KafkaOptions, TopicDefaults};
 use crate::{Error, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -103,7 +104,7 @@ pub(super) struct Provisioner {
 
 impl Provisioner {
     pub(super) fn new(options: &KafkaOptions, create: bool) -> Result<Self> {
-        let admin = super::clients::base_config(options)
+        let admin = super::common::base_config(options)
             .create()
             .map_err(|e| kafka_error("cannot create the Kafka admin client", e))?;
         Ok(Self {
