@@ -63,7 +63,12 @@ impl ParsedRegions {
                     crate::Error::Unrecoverable
                 })?,
             index: toc.section(b"index").map(toc_entry_to_handle),
-            filter: toc.section(b"filter").map(toc_entry_to_handle),
+            // eventfold patch: the blocked filter where a table has one (lsm-tree change 7
+            // in eventfold's vendor/README.md), else the standard filter that upstream reads.
+            filter: toc
+                .section(crate::table::filter::blocked::SECTION)
+                .or_else(|| toc.section(b"filter"))
+                .map(toc_entry_to_handle),
             linked_blob_files: toc.section(b"linked_blob_files").map(toc_entry_to_handle),
             metadata: toc
                 .section(b"meta")

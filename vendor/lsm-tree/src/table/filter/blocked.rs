@@ -17,9 +17,20 @@
 //! block of a key hash is `hash * blocks >> 64`; its bits are `k` 9-bit fields of a 64-bit
 //! remix of the hash (so `k` is at most 7). Readers tell the filter types apart by the type
 //! byte, so tables written before this change keep their standard filters.
+//!
+//! On disk: a table writer with a full filter writes the standard filter in the `filter`
+//! section, as upstream does, and this one in the [`SECTION`] section after it. This
+//! crate's reader prefers the blocked one (`ParsedRegions::parse_from_toc`); upstream's
+//! reader looks sections up by name and never reads it, so the table stays readable by
+//! lsm-tree 3.1.10 (eventfold's `vendor/compat` test checks it). Tables written by an
+//! earlier build of this change hold a blocked filter in the `filter` section: this crate
+//! still reads them, upstream refuses them until a compaction has rewritten them.
 
 use super::FilterType;
 use crate::file::MAGIC_BYTES;
+
+/// The table file section that holds the blocked filter, beside upstream's `filter`.
+pub const SECTION: &[u8] = b"eventfold_blocked_filter";
 
 /// Bytes per block: one cache line.
 const BLOCK_BYTES: usize = 64;
@@ -251,6 +262,62 @@ mod tests {
         let mut bad_magic = bytes;
         bad_magic[0] ^= 1;
         assert!(Reader::new(&bad_magic).is_err());
+    }
+
+    /// A table keeps upstream's standard filter in its `filter` section, which is what
+    /// lsm-tree 3.1.10 reads, and the blocked one in [`SECTION`], which this crate reads.
+    #[test]
+    fn a_table_holds_the_standard_filter_for_upstream_and_the_blocked_one_for_reads(
+    ) -> crate::Result<()> {
+        use crate::table::{regions::ParsedRegions, Writer};
+        use crate::{CompressionType, InternalValue, ValueType};
+
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("table");
+        let keys: Vec<Vec<u8>> = (0..1_000u64)
+            .map(|i| format!("state\0{i:06}").into_bytes())
+            .collect();
+        let mut writer = Writer::new(path.clone(), 0, 0)?;
+        for k in &keys {
+            writer.write(InternalValue::from_components(
+                k.clone(),
+                b"v".to_vec(),
+                0,
+                ValueType::Value,
+            ))?;
+        }
+        assert!(writer.finish()?.is_some());
+
+        let mut file = std::fs::File::open(&path)?;
+        let toc = sfa::Reader::from_reader(&mut file)?;
+        let toc = toc.toc();
+        let section = |name: &[u8]| -> crate::Result<Vec<u8>> {
+            let entry = toc.section(name).expect("section is written");
+            let handle = crate::table::BlockHandle::new(
+                crate::table::BlockOffset(entry.pos()),
+                u32::try_from(entry.len()).expect("small section"),
+            );
+            Ok(Block::from_file(&file, handle, CompressionType::None)?.data.to_vec())
+        };
+        let standard = section(b"filter")?;
+        let blocked = section(SECTION)?;
+        let type_byte = MAGIC_BYTES.len();
+        assert_eq!(standard[type_byte], u8::from(FilterType::StandardBloom));
+        assert_eq!(blocked[type_byte], u8::from(FilterType::Blocked));
+
+        // Upstream's reader, unchanged by the patches, finds every key in `filter`.
+        let upstream = crate::table::filter::standard_bloom::StandardBloomFilterReader::new(
+            &standard,
+        )?;
+        assert!(keys.iter().all(|k| upstream.contains_hash(Standard::get_hash(k))));
+        let reader = Reader::new(&blocked)?;
+        assert!(keys.iter().all(|k| reader.contains_hash(Standard::get_hash(k))));
+
+        // This crate's reader takes the blocked one.
+        let regions = ParsedRegions::parse_from_toc(toc)?;
+        let chosen = regions.filter.expect("a filter");
+        assert_eq!(*chosen.offset(), toc.section(SECTION).expect("written").pos());
+        Ok(())
     }
 
     /// A filter block answers with the filter its type byte names: tables written before

@@ -67,13 +67,11 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
 
             let start = std::time::Instant::now();
 
-            // eventfold patch: a blocked filter, one cache line per key (lsm-tree change 7
-            // in eventfold's vendor/README.md).
             let filter_bytes = {
-                let mut builder = self.bloom_policy.init_blocked(n);
+                let mut builder = self.bloom_policy.init(n);
 
-                for hash in self.bloom_hash_buffer {
-                    builder.set_with_hash(hash);
+                for hash in &self.bloom_hash_buffer {
+                    builder.set_with_hash(*hash);
                 }
 
                 builder.build()
@@ -84,6 +82,29 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
                 filter_bytes.len(),
                 start.elapsed(),
             );
+
+            Block::write_into(
+                file_writer,
+                &filter_bytes,
+                crate::table::block::BlockType::Filter,
+                CompressionType::None,
+            )?;
+
+            // eventfold patch: a blocked filter too, one cache line per key, in a section of
+            // its own that this crate's reader prefers and upstream's ignores, so that the
+            // table stays readable by lsm-tree 3.1.10 (lsm-tree change 7 in eventfold's
+            // vendor/README.md).
+            file_writer.start(crate::table::filter::blocked::SECTION)?;
+
+            let filter_bytes = {
+                let mut builder = self.bloom_policy.init_blocked(n);
+
+                for hash in self.bloom_hash_buffer {
+                    builder.set_with_hash(hash);
+                }
+
+                builder.build()
+            };
 
             Block::write_into(
                 file_writer,
