@@ -22,6 +22,10 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "vendor/: rebuilt from upstream + patches, their own tests, upstream reads what they write (scripts/vendor.sh)"
+scripts/vendor.sh check
+scripts/vendor.sh test
+
 step "module import cycles (scripts/check_module_cycles.py)"
 python3 scripts/check_module_cycles.py --self-test
 python3 scripts/check_module_cycles.py
