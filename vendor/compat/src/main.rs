@@ -75,19 +75,20 @@ fn dedup_key(i: u64) -> Vec<u8> {
 /// and compact; round 3 stays in that journal, unflushed.
 fn workload(mut apply: impl FnMut(Op) -> Result<()>) -> Result<()> {
     let mut seq = [0u64; PARTITIONS as usize];
-    let mut log = |apply: &mut dyn FnMut(Op) -> Result<()>, per_partition: u64, spare_after: Option<u64>| -> Result<()> {
-        for n in 0..per_partition {
-            for p in 0..PARTITIONS {
-                let s = seq[p as usize];
-                seq[p as usize] += 1;
-                apply(Op::Put(LOG, log_key(p, s), value((u64::from(p) << 48) | s, 200)))?;
+    let mut log =
+        |apply: &mut dyn FnMut(Op) -> Result<()>, per_partition: u64, spare_after: Option<u64>| -> Result<()> {
+            for n in 0..per_partition {
+                for p in 0..PARTITIONS {
+                    let s = seq[p as usize];
+                    seq[p as usize] += 1;
+                    apply(Op::Put(LOG, log_key(p, s), value((u64::from(p) << 48) | s, 200)))?;
+                }
+                if Some(n) == spare_after {
+                    apply(Op::AwaitSpare)?;
+                }
             }
-            if Some(n) == spare_after {
-                apply(Op::AwaitSpare)?;
-            }
-        }
-        Ok(())
-    };
+            Ok(())
+        };
 
     // Round 0: about 70 MB of log records.
     for i in 0..20_000 {
@@ -286,9 +287,17 @@ fn read(dir: &Path) -> Result<()> {
             }
         }
         let absent: Vec<Vec<u8>> = match i {
-            LOG => (0..PARTITIONS).flat_map(|p| (1_000_000..1_002_000).map(move |s| log_key(p, s))).collect(),
-            STATE => (1_000_000..1_010_000).map(state_key).chain((0..20_000).step_by(7).map(state_key)).collect(),
-            _ => (20_000..30_000).map(dedup_key).chain((0..10_000).step_by(5).map(dedup_key)).collect(),
+            LOG => (0..PARTITIONS)
+                .flat_map(|p| (1_000_000..1_002_000).map(move |s| log_key(p, s)))
+                .collect(),
+            STATE => (1_000_000..1_010_000)
+                .map(state_key)
+                .chain((0..20_000).step_by(7).map(state_key))
+                .collect(),
+            _ => (20_000..30_000)
+                .map(dedup_key)
+                .chain((0..10_000).step_by(5).map(dedup_key))
+                .collect(),
         };
         for k in &absent {
             if want.contains_key(k) {
@@ -327,7 +336,11 @@ fn compact(dir: &Path) -> Result<()> {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let build = if cfg!(feature = "patched") { "patched" } else { "upstream" };
+    let build = if cfg!(feature = "patched") {
+        "patched"
+    } else {
+        "upstream"
+    };
     match args.get(1..).unwrap_or_default() {
         [cmd, dir] if cmd == "write" => write(Path::new(dir)),
         [cmd, dir] if cmd == "read" => read(Path::new(dir)),
