@@ -71,8 +71,7 @@ fn dedup_key(i: u64) -> Vec<u8> {
 
 /// The workload, in order. Round 0 writes more than fjall lets a journal grow to before a
 /// flush rotates it (64 MB), waiting for the spare on the way, so that the rotation takes
-/// the spare; rounds 1-2 flush
-/// and compact; round 3 stays in that journal, unflushed.
+/// the spare; rounds 1-2 flush and compact; round 3 stays in that journal, unflushed.
 fn workload(mut apply: impl FnMut(Op) -> Result<()>) -> Result<()> {
     let mut seq = [0u64; PARTITIONS as usize];
     let mut log =
@@ -231,7 +230,7 @@ fn write(dir: &Path) -> Result<()> {
     })?;
     db.persist(PersistMode::SyncAll)?;
 
-    let active = journals(dir)?.into_iter().filter(|j| !j.2).last().ok_or("no journal")?;
+    let active = journals(dir)?.into_iter().rfind(|j| !j.2).ok_or("no journal")?;
     let allocated = {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(&active.1)?.blocks() * 512
