@@ -126,7 +126,8 @@ fn workload(mut apply: impl FnMut(Op) -> Result<()>) -> Result<()> {
     log(&mut apply, 2_000, None)?;
     apply(Op::Flush)?;
 
-    // Round 3: left in the journal.
+    // Round 3: left in the journal, more than a quarter of it, so that the next journal's
+    // spare is left beside it (recovery must pass over it).
     for i in (2..30_000).step_by(13) {
         apply(Op::Put(STATE, state_key(i), value(i + 2_000_000, 60)))?;
     }
@@ -136,7 +137,7 @@ fn workload(mut apply: impl FnMut(Op) -> Result<()>) -> Result<()> {
     for i in 10_000..11_000 {
         apply(Op::Put(DEDUP, dedup_key(i), value((1 << 62) | i, 16)))?;
     }
-    log(&mut apply, 500, None)?;
+    log(&mut apply, 20_000, Some(16_000))?;
     Ok(())
 }
 
@@ -230,23 +231,30 @@ fn write(dir: &Path) -> Result<()> {
     })?;
     db.persist(PersistMode::SyncAll)?;
 
-    let active = journals(dir)?.into_iter().rfind(|j| !j.2).ok_or("no journal")?;
+    let journals = journals(dir)?;
+    let active = journals.iter().rfind(|j| !j.2).ok_or("no journal")?;
+    let spare = journals.iter().find(|j| j.2).map(|j| j.0);
     let allocated = {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(&active.1)?.blocks() * 512
     };
     println!(
-        "wrote {}: tables {:?}, active journal {} ({} of {} bytes allocated)",
+        "wrote {}: tables {:?}, active journal {} ({} of {} bytes allocated), spare journal {:?}",
         dir.display(),
         ks.iter().map(Keyspace::table_count).collect::<Vec<_>>(),
         active.0,
         allocated,
-        JOURNAL_FILE_BYTES
+        JOURNAL_FILE_BYTES,
+        spare
     );
     if cfg!(feature = "patched") {
-        // The rotation took the spare: the unflushed writes sit in a zero-filled journal.
-        if spares_awaited == 0 || active.0 == 0 || allocated < JOURNAL_FILE_BYTES {
+        // The rotation took the spare: the unflushed writes sit in a zero-filled journal,
+        // and the next one's spare lies beside it.
+        if spares_awaited != 2 || active.0 == 0 || allocated < JOURNAL_FILE_BYTES {
             return Err("the active journal is not a zero-filled spare".into());
+        }
+        if spare != Some(active.0 + 1) {
+            return Err(format!("no spare of journal {} left beside it", active.0 + 1).into());
         }
     }
     Ok(())
