@@ -11,6 +11,8 @@ pub mod error;
 pub mod harness;
 pub mod partition;
 pub mod position;
+pub mod process;
+pub mod process_harness;
 pub mod projection;
 pub mod testing;
 pub mod time;
@@ -20,4 +22,8 @@ pub use envelope::{EventView, Outcome, Record, RecordRef};
 pub use error::{Error, Result};
 pub use harness::AggregateTest;
 pub use position::Position;
+pub use process::{
+    Action, Actions, CommandOutcome, EventMeta, Input, ProcessContext, ProcessManager, Refusal, Subscription,
+};
+pub use process_harness::{Expect, ProcessTest};
 pub use projection::{Index, IndexKind, IndexValue, Projection, ProjectionTest, Scope, ViewChanges};

@@ -17,5 +17,6 @@ pub use eventfold_runtime as runtime;
 pub use eventfold_store as store;
 
 pub use eventfold_core::{
-    Aggregate, AggregateTest, Context, Index, Projection, ProjectionTest, Reject, Scope, ViewChanges,
+    Actions, Aggregate, AggregateTest, Context, EventMeta, Expect, Index, Input, ProcessContext, ProcessManager,
+    ProcessTest, Projection, ProjectionTest, Refusal, Reject, Scope, Subscription, ViewChanges,
 };
