@@ -10,10 +10,12 @@
 
 mod codec;
 pub mod priority;
+pub mod process;
 mod store;
 pub mod view;
 
 pub use codec::{decode_record, encode_record};
+pub use process::{OutboxRow, TimerRow};
 pub use store::{Batch, DedupRow, EncodedRecord, EntityEvent, StateRow, Store, StoreOptions, Table};
 pub use store::{DEFAULT_BACKGROUND_NICE, L0_COMPACTION_TRIGGER};
 pub use view::{Hit, Page, RawEntry, Scan, ViewWrite, encode_prefix, encode_value, view_checkpoint_key};

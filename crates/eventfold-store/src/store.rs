@@ -32,6 +32,8 @@ pub enum Table {
     /// View index entries: `view 0 index 0 value` (unique) or `view 0 index 0 value key`,
     /// the value order-preserving (see [`crate::view::encode_value`]) -> framed row key.
     ViewIndex,
+    /// Process managers' states, timers and outboxes (see [`crate::process`]).
+    Process,
 }
 
 /// How many L0 tables (one per memtable flush) of the `log`, `entity` and `state` tables
@@ -61,7 +63,7 @@ impl Table {
     }
 
     /// All tables.
-    pub const ALL: [Table; 7] = [
+    pub const ALL: [Table; 8] = [
         Table::Log,
         Table::Entity,
         Table::State,
@@ -69,6 +71,7 @@ impl Table {
         Table::Meta,
         Table::ViewRow,
         Table::ViewIndex,
+        Table::Process,
     ];
 
     /// The keyspace name.
@@ -81,6 +84,7 @@ impl Table {
             Table::Meta => "meta",
             Table::ViewRow => "view_row",
             Table::ViewIndex => "view_index",
+            Table::Process => "process",
         }
     }
 }
@@ -167,7 +171,7 @@ pub struct EntityEvent {
 #[derive(Clone)]
 pub struct Store {
     db: Database,
-    tables: [Keyspace; 7],
+    tables: [Keyspace; 8],
     expiry: Arc<DedupExpiry>,
     /// The topic of every log key tag in use (meta `log_topic/<tag>`), loaded at open.
     topics: Arc<RwLock<HashMap<TopicTag, Arc<str>>>>,
@@ -668,6 +672,7 @@ impl Store {
             open(Table::Meta)?,
             open(Table::ViewRow)?,
             open(Table::ViewIndex)?,
+            open(Table::Process)?,
         ];
         let store = Self {
             db,
@@ -1482,6 +1487,7 @@ mod tests {
         b.put_meta("ckpt", 1);
         b.put_view_row("v", "k", b"{}");
         b.put_view_entry("v", "i", b"x", "k", false);
+        b.put_process_state("pm", "k", b"{}");
         s.commit(b, true).unwrap();
         let files = |s: &Store| -> Vec<usize> { s.tables.iter().map(|k| k.table_count()).collect() };
         assert_eq!(files(&s).iter().sum::<usize>(), 0, "the writes are in memtables only");
