@@ -81,6 +81,7 @@ impl From<Error> for ApiError {
             Error::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_error", None),
             Error::Log(_) => (StatusCode::INTERNAL_SERVER_ERROR, "commit_failed", None),
             Error::UnknownView(_) => (StatusCode::NOT_FOUND, "unknown_view", None),
+            Error::UnknownProcessManager(_) => (StatusCode::NOT_FOUND, "unknown_process_manager", None),
             Error::ViewBehind { .. } => (StatusCode::GATEWAY_TIMEOUT, "view_behind", None),
             Error::ViewFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "view_failed", None),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal", None),

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use eventfold_core::Outcome;
 use eventfold_core::partition::partition_for;
-use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, Runtime, ViewState};
+use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, ProcessState, Runtime, ViewState};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::json;
@@ -48,6 +48,7 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
         .merge(reads)
         .route("/v1/views/{view}", get(crate::views::query))
         .route("/v1/views/{view}/{key}", get(crate::views::get_row))
+        .route("/v1/process-managers/{name}/{key}", get(crate::process::get_state))
         .route("/v1/cluster", get(cluster))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -335,17 +336,23 @@ async fn healthz() -> axum::Json<serde_json::Value> {
 async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let parts = app.runtime.partitions();
     let views = app.runtime.view_reports();
+    let processes = app.runtime.process_reports();
     let not_ready: Vec<_> = parts
         .iter()
         .filter(|p| !matches!(p.state, PartitionState::Ready | PartitionState::Remote))
         .collect();
     let views_not_ready: Vec<_> = views.iter().filter(|v| v.state != ViewState::Ready).collect();
+    let processes_not_ready: Vec<_> = processes.iter().filter(|p| p.state != ProcessState::Ready).collect();
     let joined = app.runtime.has_joined();
-    if joined && not_ready.is_empty() && views_not_ready.is_empty() {
+    if joined && not_ready.is_empty() && views_not_ready.is_empty() && processes_not_ready.is_empty() {
         let owned = parts.iter().filter(|p| p.state != PartitionState::Remote).count();
-        return Ok(axum::Json(
-            json!({"ready": true, "partitions": parts.len(), "owned_partitions": owned, "views": views}),
-        ));
+        return Ok(axum::Json(json!({
+            "ready": true,
+            "partitions": parts.len(),
+            "owned_partitions": owned,
+            "views": views,
+            "process_managers": processes,
+        })));
     }
     let restoring = not_ready
         .iter()
@@ -362,9 +369,19 @@ async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>,
             _ => write!(message, "; view `{}` catching up ({} events behind)", v.view, v.lag),
         };
     }
+    for p in &processes_not_ready {
+        let _ = match &p.error {
+            Some(e) => write!(message, "; process manager `{}` failed: {e}", p.name),
+            None => write!(
+                message,
+                "; process manager `{}` catching up ({} events behind)",
+                p.name, p.lag
+            ),
+        };
+    }
     let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message);
     err.retry_after = Some(Duration::from_secs(1));
-    err.extra = Some(json!({"partitions": not_ready, "views": views}));
+    err.extra = Some(json!({"partitions": not_ready, "views": views, "process_managers": processes}));
     Err(err)
 }
 

@@ -62,6 +62,9 @@ pub enum Error {
     /// No view of that name is registered (404).
     #[error("unknown view `{0}`")]
     UnknownView(String),
+    /// No process manager of that name is registered (404).
+    #[error("unknown process manager `{0}`")]
+    UnknownProcessManager(String),
     /// The view did not apply the requested position in time (504); `position` is how far
     /// it got.
     #[error("view `{view}` did not reach the requested position within {waited:?}{}", if failures.is_empty() { String::new() } else { format!(" (stopped: {})", failures.join("; ")) })]

@@ -16,6 +16,8 @@ pub mod clock;
 pub mod cluster;
 pub mod error;
 pub mod metrics;
+mod options;
+pub mod process;
 mod processor;
 mod remote;
 mod runtime;
@@ -27,7 +29,9 @@ pub mod view;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{InstanceInfo, Registry};
 pub use error::{Error, Result};
-pub use runtime::{Runtime, RuntimeBuilder, RuntimeOptions};
+pub use options::RuntimeOptions;
+pub use process::{ProcessOptions, ProcessReport, ProcessService, ProcessState, ProcessStateView, TimerView};
+pub use runtime::{Runtime, RuntimeBuilder};
 pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};
 pub use view::{
     Condition, Query, QueryPage, QueryRow, RebuildStats, ViewOptions, ViewPartitionReport, ViewReport, ViewService,

@@ -3,6 +3,7 @@
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::metrics::AggregateMetrics;
+pub use crate::options::RuntimeOptions;
 use crate::processor::{PartitionShared, Processor, ProcessorConfig};
 use crate::remote::Requester;
 use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
@@ -18,67 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
-
-/// Options of the command path (defaults in parentheses).
-#[derive(Debug, Clone)]
-pub struct RuntimeOptions {
-    /// Topic prefix and, in Kafka mode, the consumer group of the commands topics (`app`).
-    pub app_id: String,
-    /// This instance's id (`local`): picks the results partition it waits for outcomes of
-    /// commands sent to other instances on (Kafka mode).
-    pub instance_id: String,
-    /// Most commands per commit unit (1024).
-    pub max_batch: usize,
-    /// Commands queued per partition before 503 (4096).
-    pub queue_capacity: usize,
-    /// Commands queued per *restoring* partition before 503 (1024).
-    pub restore_queue_limit: usize,
-    /// How long a caller waits for an outcome before 504 (10 s).
-    pub command_timeout: Duration,
-    /// `Retry-After` on 503 (1 s).
-    pub retry_after: Duration,
-    /// How long a command id is remembered (24 h).
-    pub dedup_window: Duration,
-    /// How often the dedup horizon moves on (60 s): from then on compactions of the
-    /// dedup table drop the records past the window (and the whole table is compacted once
-    /// per window). Expired records are ignored at once, whether dropped yet or not.
-    pub dedup_sweep_every: Duration,
-    /// Aggregates kept in memory per partition (100,000).
-    pub cache_limit: usize,
-    /// Batches per partition whose commit may be under way at once (`None`: the log's
-    /// `Log::units_in_flight`, 4 on the embedded log, 32 on Kafka): processing of the next
-    /// batch overlaps with the commits of the previous ones.
-    pub max_inflight_commits: Option<usize>,
-    /// Kafka mode: a changelog span at least this long (records of one events or state
-    /// partition not in the local store yet, e.g. on a new instance) is restored by bulk
-    /// ingestion into the store instead of through its journal (50,000).
-    pub restore_bulk_min_records: u64,
-    /// The local store keeps an aggregate's state when a commit takes its version past a
-    /// multiple of this (8); loads apply the events after the stored state (fewer than
-    /// this many). 1 stores it at every commit. Kafka mode's state topic gets every state
-    /// whatever this is. See `snapshot`.
-    pub state_every: u64,
-}
-
-impl Default for RuntimeOptions {
-    fn default() -> Self {
-        Self {
-            app_id: "app".into(),
-            instance_id: "local".into(),
-            max_batch: 1024,
-            queue_capacity: 4096,
-            restore_queue_limit: 1024,
-            command_timeout: Duration::from_secs(10),
-            retry_after: Duration::from_secs(1),
-            dedup_window: Duration::from_secs(24 * 3600),
-            dedup_sweep_every: Duration::from_secs(60),
-            cache_limit: 100_000,
-            max_inflight_commits: None,
-            restore_bulk_min_records: 50_000,
-            state_every: 8,
-        }
-    }
-}
 
 type ViewStarter = Box<
     dyn FnOnce(&Arc<dyn Log>, &BTreeMap<String, Arc<dyn AggregateService>>, &ViewOptions) -> Arc<ViewService> + Send,
@@ -108,6 +48,8 @@ pub struct RuntimeBuilder {
     views: Vec<(&'static str, u32, ViewStarter)>,
     view_options: ViewOptions,
     ownership_hook: Option<OwnershipHook>,
+    processes: Vec<(&'static str, crate::process::Starter)>,
+    process_options: crate::process::ProcessOptions,
 }
 
 /// The versions of one view: the one answering queries and, during a side-by-side
@@ -154,6 +96,30 @@ impl RuntimeBuilder {
             crate::view::start::<P>(log, svc, options)
         });
         self.views.push((P::VIEW, P::VERSION, starter));
+        self
+    }
+
+    /// Registers process manager `P` with its configuration (the aggregate types it reads
+    /// and sends commands to must be registered too, before `build`). Embedded log only
+    /// so far: in Kafka mode it is reported failed.
+    pub fn process_manager<P: eventfold_core::ProcessManager>(mut self, config: P::Config) -> Self {
+        assert!(
+            eventfold_core::process::valid_name(P::NAME),
+            "process manager name `{}`: expected 1 to 64 ASCII letters, digits, `_` or `-`",
+            P::NAME
+        );
+        assert!(
+            self.processes.iter().all(|(n, _)| *n != P::NAME),
+            "process manager `{}` registered twice",
+            P::NAME
+        );
+        self.processes.push((P::NAME, crate::process::starter::<P>(config)));
+        self
+    }
+
+    /// Uses `options` for the process manager workers.
+    pub fn process_options(mut self, options: crate::process::ProcessOptions) -> Self {
+        self.process_options = options;
         self
     }
 
@@ -308,10 +274,21 @@ impl RuntimeBuilder {
             };
             views.insert(name.to_owned(), slot);
         }
+        let processes = self
+            .processes
+            .into_iter()
+            .map(|(name, start)| {
+                (
+                    name.to_owned(),
+                    start(&log, &services, &self.clock, &self.process_options),
+                )
+            })
+            .collect();
         Runtime {
             inner: Arc::new(Inner {
                 services,
                 views,
+                processes,
                 log,
                 options: self.options,
                 group,
@@ -513,6 +490,7 @@ struct Inner {
     log: Arc<dyn Log>,
     options: RuntimeOptions,
     group: Option<Arc<GroupState>>,
+    processes: BTreeMap<String, Arc<crate::process::ProcessService>>,
 }
 
 /// A running set of aggregate types. Cheap to clone.
@@ -539,6 +517,8 @@ impl Runtime {
             views: Vec::new(),
             view_options: ViewOptions::default(),
             ownership_hook: None,
+            processes: Vec::new(),
+            process_options: crate::process::ProcessOptions::default(),
         }
     }
 
@@ -567,6 +547,19 @@ impl Runtime {
     /// The newer version of view `name` being built side by side, if any.
     pub fn view_building(&self, name: &str) -> Option<Arc<ViewService>> {
         self.inner.views.get(name).and_then(|slot| slot.building())
+    }
+
+    /// The process manager `name`.
+    pub fn process_manager(&self, name: &str) -> Result<&Arc<crate::process::ProcessService>> {
+        self.inner
+            .processes
+            .get(name)
+            .ok_or_else(|| Error::UnknownProcessManager(name.to_owned()))
+    }
+
+    /// State, lag and timers of every process manager, by name.
+    pub fn process_reports(&self) -> Vec<crate::process::ProcessReport> {
+        self.inner.processes.values().map(|p| p.report()).collect()
     }
 
     /// Names of the registered views.
@@ -621,6 +614,7 @@ impl Runtime {
                 .iter()
                 .all(|p| matches!(p.state, PartitionState::Ready | PartitionState::Remote))
             && self.inner.views.values().all(|v| v.serving().is_ready())
+            && self.inner.processes.values().all(|p| p.is_ready())
     }
 
     /// State, lag and position of every view, by name.
@@ -764,6 +758,12 @@ impl Runtime {
         if !conflicts.is_empty() {
             out.push_str("# HELP eventfold_view_unique_conflicts_total Rows not indexed because another row holds the unique value.\n# TYPE eventfold_view_unique_conflicts_total counter\n");
             out.push_str(&conflicts);
+        }
+        if !self.inner.processes.is_empty() {
+            out.push_str("# HELP eventfold_process_manager_up Process managers: up (1: caught up), lag (source events not read), reactions, timers pending and overdue (due over 1 s ago), commands outstanding.\n");
+            for p in self.inner.processes.values() {
+                p.render_metrics(&mut out);
+            }
         }
         out
     }

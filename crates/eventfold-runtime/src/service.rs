@@ -2,8 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
+use crate::options::RuntimeOptions;
 use crate::processor::{Job, PartitionShared};
-use crate::runtime::RuntimeOptions;
 use crate::snapshot;
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;

@@ -1,0 +1,518 @@
+//! The pure step of a process manager: a batch of inputs plus what was prefetched (the
+//! states and timers of the keys they touch) becomes a [`Plan`]: the states, timers and
+//! commands to write. No I/O, no clock, no tokio: the worker prefetches, calls
+//! [`decide`], and commits the plan as one unit.
+
+use eventfold_core::process::{Action, Actions, CommandOutcome, EventMeta, Input, ProcessContext, ProcessManager};
+use eventfold_core::process::{Refusal, Trigger, command_id};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
+
+/// A command a process manager sent: what its outbox entry holds.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Command {
+    /// The correlation key that sent it (its outcome goes back there).
+    pub key: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub command_type: String,
+    pub command_id: String,
+    /// The command's JSON.
+    pub body: String,
+    /// The correlation id of the input that caused it.
+    pub correlation_id: String,
+}
+
+/// One input of a batch.
+#[derive(Debug)]
+pub(crate) enum Step<E> {
+    /// An event of a subscribed aggregate type; `key` is filled by [`correlate`].
+    Event {
+        event: E,
+        aggregate_type: &'static str,
+        aggregate_id: String,
+        version: u64,
+        event_id: String,
+        event_type: String,
+        timestamp_ms: i64,
+        correlation_id: String,
+        key: Option<String>,
+    },
+    /// A due timer, read from the store (the plan removes it).
+    Timer {
+        key: String,
+        timer: String,
+        due_ms: i64,
+        correlation_id: String,
+    },
+    /// The outcome of outbox entry `seq` (the plan removes the entry).
+    Outcome {
+        seq: u64,
+        command: Command,
+        result: Result<u64, Refusal>,
+        now_ms: i64,
+    },
+}
+
+impl<E> Step<E> {
+    fn key(&self) -> Option<&str> {
+        match self {
+            Step::Event { key, .. } => key.as_deref(),
+            Step::Timer { key, .. } => Some(key),
+            Step::Outcome { command, .. } => Some(&command.key),
+        }
+    }
+}
+
+/// Fills in each event's correlation key (`None`: not for this process manager).
+pub(crate) fn correlate<P: ProcessManager>(steps: &mut [Step<P::Event>]) {
+    for s in steps {
+        if let Step::Event {
+            event,
+            aggregate_type,
+            aggregate_id,
+            version,
+            event_id,
+            event_type,
+            timestamp_ms,
+            correlation_id,
+            key,
+        } = s
+        {
+            let meta = EventMeta {
+                aggregate_type,
+                aggregate_id,
+                version: *version,
+                event_id,
+                event_type,
+                timestamp_ms: *timestamp_ms,
+                correlation_id,
+            };
+            *key = P::correlate(event, &meta);
+        }
+    }
+}
+
+/// The keys a batch touches (to prefetch).
+pub(crate) fn keys<E>(steps: &[Step<E>]) -> BTreeSet<String> {
+    steps.iter().filter_map(|s| s.key().map(str::to_owned)).collect()
+}
+
+/// A pending timer: due time and the correlation id of what scheduled it.
+pub(crate) type Timers = BTreeMap<String, (i64, String)>;
+
+/// The stored states and timers of the keys of a batch.
+pub(crate) struct Prefetched<P> {
+    pub states: HashMap<String, P>,
+    pub timers: HashMap<String, Timers>,
+}
+
+impl<P> Default for Prefetched<P> {
+    fn default() -> Self {
+        Self {
+            states: HashMap::new(),
+            timers: HashMap::new(),
+        }
+    }
+}
+
+/// What to write for a batch.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Each touched key's state JSON, or `None` to delete it (back to the default).
+    pub states: BTreeMap<String, Option<Vec<u8>>>,
+    /// Timers to add: (key, timer, due, correlation id).
+    pub timer_puts: Vec<(String, String, i64, String)>,
+    /// Timers to remove: (key, timer, due).
+    pub timer_dels: Vec<(String, String, i64)>,
+    /// Commands to send, in order.
+    pub sends: Vec<Command>,
+    /// Outbox entries answered by this batch.
+    pub answered: Vec<u64>,
+    /// Inputs reacted to (events for other process managers are not counted).
+    pub reactions: u64,
+}
+
+/// Runs the reactions of `steps` over `pre`. `Err` (a reaction that panicked, a command
+/// for an aggregate type that `known` refuses, an invalid timer id) stops the process
+/// manager with nothing of the batch written.
+pub(crate) fn decide<P: ProcessManager>(
+    steps: Vec<Step<P::Event>>,
+    mut pre: Prefetched<P>,
+    config: &P::Config,
+    known: &dyn Fn(&str) -> bool,
+) -> Result<Plan, String> {
+    let original = pre.timers.clone();
+    let default_json =
+        serde_json::to_vec(&P::default()).map_err(|e| format!("cannot encode the default state: {e}"))?;
+    let mut plan = Plan::default();
+    let mut touched = BTreeSet::new();
+    for step in steps {
+        let Some(key) = step.key().map(str::to_owned) else {
+            continue;
+        };
+        let mut state = pre.states.remove(&key).unwrap_or_default();
+        let timers = pre.timers.entry(key.clone()).or_default();
+        let mut actions = Actions::new();
+        let (trigger_id, correlation, what, reacted) = match step {
+            Step::Event {
+                event,
+                aggregate_type,
+                aggregate_id,
+                version,
+                event_id,
+                event_type,
+                timestamp_ms,
+                correlation_id,
+                ..
+            } => {
+                let what = format!("event {event_id} of {aggregate_type} `{aggregate_id}`");
+                let ctx = ProcessContext {
+                    key: &key,
+                    now_ms: timestamp_ms,
+                    config,
+                };
+                let meta = EventMeta {
+                    aggregate_type,
+                    aggregate_id: &aggregate_id,
+                    version,
+                    event_id: &event_id,
+                    event_type: &event_type,
+                    timestamp_ms,
+                    correlation_id: &correlation_id,
+                };
+                let reacted = react(&mut state, Input::Event { event, meta }, &ctx, &mut actions);
+                (TriggerId::Event(event_id), correlation_id, what, reacted)
+            }
+            Step::Timer {
+                timer,
+                due_ms,
+                correlation_id,
+                ..
+            } => {
+                timers.remove(&timer);
+                let what = format!("timer `{timer}` of key `{key}`");
+                let ctx = ProcessContext {
+                    key: &key,
+                    now_ms: due_ms,
+                    config,
+                };
+                let reacted = react(&mut state, Input::Timer { id: &timer, due_ms }, &ctx, &mut actions);
+                (TriggerId::Timer(timer, due_ms), correlation_id, what, reacted)
+            }
+            Step::Outcome {
+                seq,
+                command,
+                result,
+                now_ms,
+            } => {
+                plan.answered.push(seq);
+                let what = format!("the outcome of command {}", command.command_id);
+                let ctx = ProcessContext {
+                    key: &key,
+                    now_ms,
+                    config,
+                };
+                let input = Input::Outcome(CommandOutcome {
+                    aggregate_type: &command.aggregate_type,
+                    aggregate_id: &command.aggregate_id,
+                    command_type: &command.command_type,
+                    command_id: &command.command_id,
+                    result: result.as_ref().map(|v| *v),
+                });
+                let reacted = react(&mut state, input, &ctx, &mut actions);
+                (
+                    TriggerId::Outcome(command.command_id),
+                    command.correlation_id,
+                    what,
+                    reacted,
+                )
+            }
+        };
+        if let Err(msg) = reacted {
+            return Err(format!(
+                "process manager `{}` panicked reacting to {what}: {msg}",
+                P::NAME
+            ));
+        }
+        plan.reactions += 1;
+        let mut finished = false;
+        let mut step_no = 0;
+        for action in actions.into_vec() {
+            match action {
+                Action::Send {
+                    aggregate_type,
+                    aggregate_id,
+                    command_type,
+                    command,
+                } => {
+                    if !known(&aggregate_type) {
+                        return Err(format!(
+                            "process manager `{}` sent {command_type} to aggregate type `{aggregate_type}`, which is not registered (reacting to {what})",
+                            P::NAME
+                        ));
+                    }
+                    let command_id = command_id(P::NAME, trigger_id.as_trigger(&key), step_no);
+                    step_no += 1;
+                    plan.sends.push(Command {
+                        key: key.clone(),
+                        aggregate_type,
+                        aggregate_id,
+                        command_type,
+                        command_id,
+                        body: command.to_string(),
+                        correlation_id: correlation.clone(),
+                    });
+                }
+                Action::Schedule { timer, due_ms } => {
+                    check_timer::<P>(&key, &timer)?;
+                    timers.insert(timer, (due_ms, correlation.clone()));
+                }
+                Action::Cancel { timer } => {
+                    timers.remove(&timer);
+                }
+                Action::Finish => {
+                    timers.clear();
+                    finished = true;
+                }
+            }
+        }
+        if finished {
+            state = P::default();
+        }
+        pre.states.insert(key.clone(), state);
+        touched.insert(key);
+    }
+    for key in touched {
+        let state = pre.states.get(&key).expect("every touched key has a state");
+        let json = serde_json::to_vec(state).map_err(|e| format!("cannot encode the state of key `{key}`: {e}"))?;
+        plan.states.insert(key.clone(), (json != default_json).then_some(json));
+        let before = original.get(&key).cloned().unwrap_or_default();
+        let after = pre.timers.remove(&key).unwrap_or_default();
+        for (timer, (due, _)) in &before {
+            if after.get(timer).map(|(d, _)| d) != Some(due) {
+                plan.timer_dels.push((key.clone(), timer.clone(), *due));
+            }
+        }
+        for (timer, (due, correlation)) in after {
+            if before.get(&timer).map(|(d, _)| *d) != Some(due) {
+                plan.timer_puts.push((key.clone(), timer, due, correlation));
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// A timer id and key must be storable: 1 to 256 bytes without NUL.
+fn check_timer<P: ProcessManager>(key: &str, timer: &str) -> Result<(), String> {
+    let ok = |s: &str| !s.is_empty() && s.len() <= 256 && !s.contains('\0');
+    if ok(key) && ok(timer) {
+        Ok(())
+    } else {
+        Err(format!(
+            "process manager `{}` scheduled timer {timer:?} of key {key:?}: ids and keys must be 1 to 256 bytes without NUL",
+            P::NAME
+        ))
+    }
+}
+
+/// Runs one reaction; a panic in it comes back as its message.
+fn react<P: ProcessManager>(
+    state: &mut P,
+    input: Input<'_, P::Event>,
+    ctx: &ProcessContext<'_, P::Config>,
+    actions: &mut Actions,
+) -> Result<(), String> {
+    std::panic::catch_unwind(AssertUnwindSafe(move || state.react(input, ctx, actions))).map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into())
+    })
+}
+
+enum TriggerId {
+    Event(String),
+    Timer(String, i64),
+    Outcome(String),
+}
+
+impl TriggerId {
+    fn as_trigger<'a>(&'a self, key: &'a str) -> Trigger<'a> {
+        match self {
+            TriggerId::Event(id) => Trigger::Event(id),
+            TriggerId::Timer(id, due_ms) => Trigger::Timer {
+                key,
+                id,
+                due_ms: *due_ms,
+            },
+            TriggerId::Outcome(id) => Trigger::Outcome(id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eventfold_core::process::{Actions, Input, ProcessContext, Subscription};
+    use serde::{Deserialize, Serialize};
+
+    /// Counts events per key; at 2 sends `Ping` to `target-<key>` and arms timer `t`
+    /// (1 s later); the timer sends `Late`; event value 99 panics; value 7 sends to an
+    /// unregistered type; value 0 finishes.
+    #[derive(Debug, Default, Clone, Serialize, Deserialize)]
+    struct Counter {
+        n: u32,
+        refusals: u32,
+    }
+
+    impl ProcessManager for Counter {
+        const NAME: &'static str = "counter";
+        type Event = u32;
+        type Config = ();
+        fn subscriptions() -> Vec<Subscription<u32>> {
+            Vec::new()
+        }
+        fn correlate(event: &u32, meta: &EventMeta<'_>) -> Option<String> {
+            (*event != 5).then(|| meta.aggregate_id.to_owned())
+        }
+        fn react(&mut self, input: Input<'_, u32>, ctx: &ProcessContext<'_, ()>, out: &mut Actions) {
+            let send = |out: &mut Actions, t: &str, body: &str| {
+                out.send_json(t, format!("target-{}", ctx.key), serde_json::json!({ "type": body }));
+            };
+            match input {
+                Input::Event { event: 99, .. } => panic!("boom"),
+                Input::Event { event: 7, .. } => send(out, "nowhere", "Ping"),
+                Input::Event { event: 0, .. } => out.finish(),
+                Input::Event { .. } => {
+                    self.n += 1;
+                    if self.n == 2 {
+                        send(out, "target", "Ping");
+                        out.schedule_in(ctx, "t", std::time::Duration::from_secs(1));
+                    }
+                }
+                Input::Timer { .. } => send(out, "target", "Late"),
+                Input::Outcome(o) => self.refusals += u32::from(o.result.is_err()),
+            }
+        }
+    }
+
+    fn event(id: &str, value: u32, n: u32) -> Step<u32> {
+        Step::Event {
+            event: value,
+            aggregate_type: "source",
+            aggregate_id: id.into(),
+            version: u64::from(n),
+            event_id: format!("ev-{id}-{n}"),
+            event_type: "Happened".into(),
+            timestamp_ms: 1_000 * i64::from(n),
+            correlation_id: format!("corr-{id}"),
+            key: None,
+        }
+    }
+
+    fn run(mut steps: Vec<Step<u32>>, pre: Prefetched<Counter>) -> Result<Plan, String> {
+        correlate::<Counter>(&mut steps);
+        decide::<Counter>(steps, pre, &(), &|t| t == "target")
+    }
+
+    #[test]
+    fn events_fold_per_key_and_send_with_deterministic_ids() {
+        let steps = vec![event("a", 1, 1), event("b", 1, 2), event("a", 1, 3), event("x", 5, 4)];
+        let plan = run(steps, Prefetched::default()).unwrap();
+        assert_eq!(plan.reactions, 3, "the event correlated to no key is skipped");
+        assert_eq!(plan.states["a"].as_deref(), Some(&br#"{"n":2,"refusals":0}"#[..]));
+        assert_eq!(plan.states["b"].as_deref(), Some(&br#"{"n":1,"refusals":0}"#[..]));
+        assert_eq!(plan.sends.len(), 1);
+        let s = &plan.sends[0];
+        assert_eq!((s.key.as_str(), s.aggregate_id.as_str()), ("a", "target-a"));
+        assert_eq!(s.command_id, "counter:ev-a-3:0");
+        assert_eq!(s.correlation_id, "corr-a");
+        assert_eq!(plan.timer_puts, vec![("a".into(), "t".into(), 4_000, "corr-a".into())]);
+        assert!(plan.timer_dels.is_empty());
+        // The same inputs again: the same plan (ids included).
+        let again = run(
+            vec![event("a", 1, 1), event("b", 1, 2), event("a", 1, 3), event("x", 5, 4)],
+            Prefetched::default(),
+        )
+        .unwrap();
+        assert_eq!(again, plan);
+    }
+
+    #[test]
+    fn prefetched_state_is_the_base_and_a_default_state_is_deleted() {
+        let mut pre = Prefetched::default();
+        pre.states.insert("a".into(), Counter { n: 1, refusals: 0 });
+        pre.timers
+            .insert("a".into(), BTreeMap::from([("old".to_owned(), (50, "c0".to_owned()))]));
+        let plan = run(vec![event("a", 1, 1)], pre).unwrap();
+        assert_eq!(plan.sends.len(), 1, "the stored n=1 plus one makes two");
+        let mut pre = Prefetched::default();
+        pre.states.insert("a".into(), Counter { n: 3, refusals: 0 });
+        pre.timers
+            .insert("a".into(), BTreeMap::from([("old".to_owned(), (50, "c0".to_owned()))]));
+        let plan = run(vec![event("a", 0, 1)], pre).unwrap();
+        assert_eq!(plan.states["a"], None, "finished: back to the default, deleted");
+        assert_eq!(plan.timer_dels, vec![("a".into(), "old".into(), 50)]);
+    }
+
+    #[test]
+    fn timers_and_outcomes_are_inputs_that_consume_themselves() {
+        let mut pre = Prefetched::default();
+        pre.timers.insert(
+            "a".into(),
+            BTreeMap::from([("t".to_owned(), (4_000, "corr-a".to_owned()))]),
+        );
+        let timer = Step::Timer {
+            key: "a".into(),
+            timer: "t".into(),
+            due_ms: 4_000,
+            correlation_id: "corr-a".into(),
+        };
+        let command = Command {
+            key: "a".into(),
+            aggregate_type: "target".into(),
+            aggregate_id: "target-a".into(),
+            command_type: "Ping".into(),
+            command_id: "counter:ev-a-3:0".into(),
+            body: "{}".into(),
+            correlation_id: "corr-a".into(),
+        };
+        let outcome = Step::Outcome {
+            seq: 9,
+            command,
+            result: Err(Refusal {
+                code: "nope".into(),
+                message: "no".into(),
+            }),
+            now_ms: 5_000,
+        };
+        let plan = run(vec![timer, outcome], pre).unwrap();
+        assert_eq!(
+            plan.timer_dels,
+            vec![("a".into(), "t".into(), 4_000)],
+            "the fired timer goes"
+        );
+        assert_eq!(plan.answered, vec![9]);
+        assert_eq!(plan.sends.len(), 1);
+        assert_eq!(plan.sends[0].command_type, "Late");
+        assert!(
+            plan.sends[0].command_id.starts_with("counter:t"),
+            "{}",
+            plan.sends[0].command_id
+        );
+        assert_eq!(plan.states["a"].as_deref(), Some(&br#"{"n":0,"refusals":1}"#[..]));
+    }
+
+    #[test]
+    fn a_panic_or_an_unknown_target_fails_the_batch_with_the_input_named() {
+        let e = run(vec![event("a", 1, 1), event("a", 99, 2)], Prefetched::default()).unwrap_err();
+        assert!(
+            e.contains("panicked") && e.contains("ev-a-2") && e.contains("boom"),
+            "{e}"
+        );
+        let e = run(vec![event("a", 7, 1)], Prefetched::default()).unwrap_err();
+        assert!(e.contains("`nowhere`") && e.contains("not registered"), "{e}");
+    }
+}

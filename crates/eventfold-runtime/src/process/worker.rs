@@ -1,0 +1,459 @@
+//! The I/O loop of one process manager: gather a batch of inputs (answers, due timers,
+//! source events), prefetch the states and timers of their keys, [`decide`], commit the
+//! plan as one unit, then hand the new commands over.
+//!
+//! Exactly once: the consumed positions (`pm/<name>/<topic>/<partition>` in meta), the
+//! fired timers' removal and the answered outbox entries' removal commit in the same
+//! batch as the reactions' effects, so after a crash every input is reacted to again
+//! only if its reaction was lost with it. Commands are handed over only once durable, and
+//! again (same ids) after a restart until answered.
+
+use super::decide::{self, Command, Prefetched, Step, Timers};
+use super::outbox::{self, Answer};
+use super::shared::{ProcessOptions, Shared};
+use crate::clock::Clock;
+use crate::service::AggregateService;
+use eventfold_core::envelope::headers;
+use eventfold_core::process::Subscription;
+use eventfold_core::{ProcessManager, RecordRef};
+use eventfold_log::{CommitUnit, Log};
+use eventfold_store::{Batch, Store, TimerRow};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, broadcast, mpsc};
+
+/// One partition of a subscribed events topic.
+struct Source {
+    topic: Arc<str>,
+    partition: u32,
+    /// Index into the subscriptions.
+    sub: usize,
+    /// The next offset to read.
+    next: u64,
+    /// The topic's end when the worker started: the restore barrier's target.
+    target: u64,
+}
+
+/// The meta entry holding how many timers a process manager has pending.
+fn timers_key(name: &str) -> String {
+    format!("pm/{name}/timers")
+}
+
+/// The meta entry of a process manager's position in a source partition.
+pub(crate) fn checkpoint_key(name: &str, topic: &str, partition: u32) -> String {
+    format!("pm/{name}/{topic}/{partition}")
+}
+
+pub(crate) struct Worker<P: ProcessManager> {
+    log: Arc<dyn Log>,
+    store: Store,
+    clock: Arc<dyn Clock>,
+    options: ProcessOptions,
+    config: P::Config,
+    shared: Arc<Shared>,
+    subs: Vec<Subscription<P::Event>>,
+    sources: Vec<Source>,
+    services: BTreeMap<String, Arc<dyn AggregateService>>,
+    wake: Vec<broadcast::Receiver<(Arc<str>, u64)>>,
+    answers_tx: mpsc::UnboundedSender<Answer>,
+    answers: mpsc::UnboundedReceiver<Answer>,
+    next_seq: u64,
+    timers_pending: u64,
+    outstanding: u64,
+}
+
+impl<P: ProcessManager> Worker<P> {
+    /// Reads where the process manager stopped; `Err` names what is wrong (a source that
+    /// is not registered, an unreadable store).
+    pub(crate) fn new(
+        log: &Arc<dyn Log>,
+        services: &BTreeMap<String, Arc<dyn AggregateService>>,
+        clock: &Arc<dyn Clock>,
+        options: &ProcessOptions,
+        config: P::Config,
+        shared: Arc<Shared>,
+    ) -> Result<Self, String> {
+        let store = log.store().clone();
+        let subs = P::subscriptions();
+        let mut sources = Vec::new();
+        let mut wake = Vec::new();
+        for (i, sub) in subs.iter().enumerate() {
+            let t = sub.aggregate_type();
+            let svc = services.get(t).ok_or_else(|| {
+                format!(
+                    "process manager `{}` reads aggregate type `{t}`, which is not registered",
+                    P::NAME
+                )
+            })?;
+            wake.push(svc.subscribe());
+            let topic = svc.topics().events.clone();
+            for partition in 0..svc.partition_count() {
+                let key = checkpoint_key(P::NAME, &topic, partition);
+                let next = store
+                    .get_meta(&key)
+                    .map_err(|e| format!("cannot read checkpoint {key}: {e}"))?
+                    .unwrap_or(0);
+                sources.push(Source {
+                    topic: topic.clone(),
+                    partition,
+                    sub: i,
+                    next,
+                    target: 0,
+                });
+            }
+        }
+        let next_seq = store
+            .outbox(P::NAME)
+            .map_err(|e| format!("cannot read the outbox of `{}`: {e}", P::NAME))?
+            .last()
+            .map_or(1, |o| o.seq + 1);
+        // Kept in meta by every batch; counted once (a key scan) for a store without it.
+        let timers_pending = match store
+            .get_meta(&timers_key(P::NAME))
+            .map_err(|e| format!("cannot read the timer count of `{}`: {e}", P::NAME))?
+        {
+            Some(n) => n,
+            None => store
+                .count_timers(P::NAME)
+                .map_err(|e| format!("cannot count the timers of `{}`: {e}", P::NAME))?,
+        };
+        shared.timers_pending.store(timers_pending, Ordering::Relaxed);
+        let (answers_tx, answers) = mpsc::unbounded_channel();
+        Ok(Self {
+            log: log.clone(),
+            store,
+            clock: clock.clone(),
+            options: options.clone(),
+            config,
+            shared,
+            subs,
+            sources,
+            services: services.clone(),
+            wake,
+            answers_tx,
+            answers,
+            next_seq,
+            timers_pending,
+            outstanding: 0,
+        })
+    }
+
+    pub(crate) async fn run(mut self) {
+        // Every commit of a source wakes the worker (the poll interval bounds the rest).
+        let news = Arc::new(Notify::new());
+        for mut rx in self.wake.drain(..) {
+            let news = Arc::downgrade(&news);
+            tokio::spawn(async move {
+                while let Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) = rx.recv().await {
+                    match news.upgrade() {
+                        Some(n) => n.notify_one(),
+                        None => return,
+                    }
+                }
+            });
+        }
+        if let Err(e) = self.start().await {
+            return self.shared.fail(P::NAME, e);
+        }
+        let mut lag_checked = Instant::now();
+        loop {
+            let steps = match self.gather().await {
+                Ok(s) => s,
+                Err(e) => return self.shared.fail(P::NAME, e),
+            };
+            if lag_checked.elapsed() >= Duration::from_millis(250) || steps.is_empty() {
+                self.update_lag().await;
+                lag_checked = Instant::now();
+            }
+            if steps.is_empty() {
+                self.wait(&news).await;
+                continue;
+            }
+            if let Err(e) = self.step(steps).await {
+                return self.shared.fail(P::NAME, e);
+            }
+        }
+    }
+
+    /// Takes the sources' ends (the restore barrier's target) and hands over again what
+    /// the outbox holds (commands written before a restart and never answered).
+    async fn start(&mut self) -> Result<(), String> {
+        for s in &mut self.sources {
+            s.target = self
+                .log
+                .end_offset(&s.topic, s.partition)
+                .await
+                .map_err(|e| format!("cannot read the end of {}/{}: {e}", s.topic, s.partition))?;
+        }
+        let pending = self
+            .store
+            .outbox(P::NAME)
+            .map_err(|e| format!("cannot read the outbox of `{}`: {e}", P::NAME))?;
+        if !pending.is_empty() {
+            tracing::info!(
+                process_manager = P::NAME,
+                commands = pending.len(),
+                "handing over the outbox again"
+            );
+        }
+        for entry in pending {
+            let command = outbox::decode(&entry.data).map_err(|e| format!("outbox entry {}: {e}", entry.seq))?;
+            self.hand_over(entry.seq, command)?;
+        }
+        Ok(())
+    }
+
+    fn hand_over(&mut self, seq: u64, command: Command) -> Result<(), String> {
+        let target = self.services.get(&command.aggregate_type).cloned().ok_or_else(|| {
+            format!(
+                "outbox entry {seq} is for aggregate type `{}`, which is not registered",
+                command.aggregate_type
+            )
+        })?;
+        self.outstanding += 1;
+        self.shared.outstanding.store(self.outstanding, Ordering::Relaxed);
+        tokio::spawn(outbox::deliver(target, seq, command, self.answers_tx.clone()));
+        Ok(())
+    }
+
+    /// The next batch: answers first, then due timers, then source events.
+    async fn gather(&mut self) -> Result<Vec<Step<P::Event>>, String> {
+        let max = self.options.max_batch;
+        let mut steps = Vec::new();
+        let now = self.clock.now_ms();
+        while steps.len() < max {
+            match self.answers.try_recv() {
+                Ok((seq, command, result)) => {
+                    steps.push(Step::Outcome {
+                        seq,
+                        command,
+                        result,
+                        now_ms: now,
+                    });
+                }
+                Err(_) => break,
+            }
+        }
+        if steps.len() < max {
+            let due = self
+                .store
+                .due_timers(P::NAME, now, max - steps.len())
+                .map_err(|e| format!("cannot read the due timers: {e}"))?;
+            steps.extend(due.into_iter().map(|t| Step::Timer {
+                key: t.key,
+                timer: t.timer,
+                due_ms: t.due_ms,
+                correlation_id: t.correlation_id,
+            }));
+        }
+        if self.outstanding as usize >= self.options.max_outstanding {
+            return Ok(steps);
+        }
+        // Events: each partition in turn, a share of the batch each, so that a backlog on
+        // one does not starve the others.
+        let share = (max / self.sources.len().max(1)).max(16);
+        for i in 0..self.sources.len() {
+            if steps.len() >= max {
+                break;
+            }
+            let budget = share.min(max - steps.len());
+            let (topic, partition, from, sub) = {
+                let s = &self.sources[i];
+                (s.topic.clone(), s.partition, s.next, s.sub)
+            };
+            let (read, next) = self.read(&topic, partition, from, budget, sub).await?;
+            steps.extend(read);
+            self.sources[i].next = next;
+        }
+        Ok(steps)
+    }
+
+    /// Reads up to `max` events of one source partition; returns them and the next offset.
+    async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        sub: usize,
+    ) -> Result<(Vec<Step<P::Event>>, u64), String> {
+        let mut out = Vec::new();
+        let mut next = from;
+        let mut failed = None;
+        let aggregate_type = self.subs[sub].aggregate_type();
+        let decode = |offset: u64, r: RecordRef<'_>| -> Result<Step<P::Event>, String> {
+            let at = || format!("event {topic}/{partition}@{offset}");
+            let event = self.subs[sub].decode(r.value).map_err(|e| format!("{}: {e}", at()))?;
+            let text = |h: &str| r.header_str(h).unwrap_or_default().to_owned();
+            Ok(Step::Event {
+                event,
+                aggregate_type,
+                aggregate_id: r
+                    .header_str(headers::AGGREGATE_ID)
+                    .or_else(|| std::str::from_utf8(r.key).ok())
+                    .ok_or_else(|| format!("{} has no aggregate id", at()))?
+                    .to_owned(),
+                version: r.header_str(headers::VERSION).and_then(|v| v.parse().ok()).unwrap_or(0),
+                // Without an id (a record from another writer), its position stands in.
+                event_id: r
+                    .header_str(headers::ID)
+                    .map_or_else(|| format!("{topic}/{partition}@{offset}"), str::to_owned),
+                event_type: text(headers::TYPE),
+                timestamp_ms: r.timestamp_ms,
+                correlation_id: text(headers::CORRELATION_ID),
+                key: None,
+            })
+        };
+        self.log
+            .read_with(
+                topic,
+                partition,
+                from,
+                max,
+                &mut |offset, record| match decode(offset, record) {
+                    Ok(step) => {
+                        out.push(step);
+                        next = offset + 1;
+                        true
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                },
+            )
+            .await
+            .map_err(|e| format!("cannot read {topic}/{partition}: {e}"))?;
+        match failed {
+            // An event that does not decode stops the process manager before it: nothing
+            // after it is consumed, so it is read again once fixed.
+            Some(e) => Err(e),
+            None => Ok((out, next)),
+        }
+    }
+
+    /// Prefetches, decides and commits one batch, then hands over its commands.
+    async fn step(&mut self, mut steps: Vec<Step<P::Event>>) -> Result<(), String> {
+        decide::correlate::<P>(&mut steps);
+        let mut pre = Prefetched::<P>::default();
+        for key in decide::keys(&steps) {
+            if let Some(json) = self
+                .store
+                .get_process_state(P::NAME, &key)
+                .map_err(|e| format!("cannot read the state of key `{key}`: {e}"))?
+            {
+                let state = serde_json::from_slice(&json)
+                    .map_err(|e| format!("the stored state of key `{key}` does not decode: {e}"))?;
+                pre.states.insert(key.clone(), state);
+            }
+            let mut timers = Timers::new();
+            for t in self
+                .store
+                .timers_of(P::NAME, &key)
+                .map_err(|e| format!("cannot read the timers of key `{key}`: {e}"))?
+            {
+                timers.insert(t.timer, (t.due_ms, t.correlation_id));
+            }
+            pre.timers.insert(key, timers);
+        }
+        let services = &self.services;
+        let plan = decide::decide::<P>(steps, pre, &self.config, &|t| services.contains_key(t))?;
+
+        let mut batch = Batch::new();
+        for (key, state) in &plan.states {
+            match state {
+                Some(json) => batch.put_process_state(P::NAME, key, json),
+                None => batch.delete_process_state(P::NAME, key),
+            }
+        }
+        for (key, timer, due) in &plan.timer_dels {
+            batch.delete_timer(P::NAME, key, timer, *due);
+        }
+        for (key, timer, due_ms, correlation_id) in &plan.timer_puts {
+            batch.put_timer(
+                P::NAME,
+                &TimerRow {
+                    key: key.clone(),
+                    timer: timer.clone(),
+                    due_ms: *due_ms,
+                    correlation_id: correlation_id.clone(),
+                },
+            );
+        }
+        let mut sends = Vec::with_capacity(plan.sends.len());
+        for command in plan.sends {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            batch.put_outbox(P::NAME, seq, &outbox::encode(&command));
+            sends.push((seq, command));
+        }
+        for seq in &plan.answered {
+            batch.delete_outbox(P::NAME, *seq);
+        }
+        for s in &self.sources {
+            batch.put_meta(&checkpoint_key(P::NAME, &s.topic, s.partition), s.next);
+        }
+        let timers_pending =
+            (self.timers_pending + plan.timer_puts.len() as u64).saturating_sub(plan.timer_dels.len() as u64);
+        batch.put_meta(&timers_key(P::NAME), timers_pending);
+        // Durable before any command is handed over (I4 for the outbox).
+        self.log
+            .commit(CommitUnit {
+                local: batch,
+                ..CommitUnit::default()
+            })
+            .await
+            .map_err(|e| format!("cannot commit a batch: {e}"))?;
+
+        self.outstanding -= plan.answered.len() as u64;
+        self.timers_pending =
+            (self.timers_pending + plan.timer_puts.len() as u64).saturating_sub(plan.timer_dels.len() as u64);
+        self.shared.timers_pending.store(self.timers_pending, Ordering::Relaxed);
+        self.shared.reactions.fetch_add(plan.reactions, Ordering::Relaxed);
+        for (seq, command) in sends {
+            self.hand_over(seq, command)?;
+        }
+        self.shared.outstanding.store(self.outstanding, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Source events not read yet; ready once every source is read to its start target.
+    async fn update_lag(&mut self) {
+        let mut lag = 0;
+        let mut caught_up = true;
+        for s in &self.sources {
+            if s.next < s.target {
+                caught_up = false;
+            }
+            if let Ok(end) = self.log.end_offset(&s.topic, s.partition).await {
+                lag += end.saturating_sub(s.next);
+            }
+        }
+        self.shared.lag.store(lag, Ordering::Relaxed);
+        if caught_up {
+            self.shared.set_ready();
+        }
+    }
+
+    /// Sleeps until a source has news, an answer arrives, the next timer is due, or the
+    /// poll interval passes.
+    async fn wait(&mut self, news: &Notify) {
+        let mut sleep = self.options.poll_interval;
+        if let Ok(Some(due)) = self.store.next_timer_due(P::NAME) {
+            let until = due.saturating_sub(self.clock.now_ms()).max(0) as u64;
+            sleep = sleep.min(Duration::from_millis(until));
+        }
+        tokio::select! {
+            answer = self.answers.recv() => {
+                // Put back: `gather` takes answers from the channel.
+                if let Some(a) = answer {
+                    let _ = self.answers_tx.send(a);
+                }
+            }
+            () = news.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+    }
+}
