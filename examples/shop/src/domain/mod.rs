@@ -5,9 +5,11 @@
 //! JSON document names its `type` first.
 
 pub mod customer;
+pub mod flow;
 pub mod order;
 pub mod payment;
 
 pub use customer::{Customer, CustomerCommand, CustomerEvent, CustomerRejection, CustomerStatus};
+pub use flow::{FlowConfig, FlowEvent, FlowStage, OrderFlow};
 pub use order::{LineItem, Order, OrderCommand, OrderEvent, OrderRejection, OrderStatus};
 pub use payment::{Payment, PaymentCommand, PaymentConfig, PaymentEvent, PaymentRejection, PaymentStatus};

@@ -5,6 +5,10 @@ use eventfold::{Aggregate, Context, Reject};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The `CancelOrder` reason of an order cancelled because nobody confirmed it in time
+/// (the order flow's expiry): refused (`not_placed`) unless the order is still `placed`.
+pub const EXPIRED: &str = "expired";
+
 /// One line of an order. Quantities and prices are unsigned so a negative value cannot
 /// even be decoded; money is in cents so no rounding ever happens.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +153,8 @@ pub enum OrderRejection {
     TotalOverflow,
     /// A command other than `PlaceOrder` on an order that was never placed.
     NotFound,
-    /// `AddItem` on an order that is no longer `placed`.
+    /// `AddItem`, or `CancelOrder` with reason [`EXPIRED`], on an order that is no longer
+    /// `placed`.
     NotPlaced {
         /// The order's current status.
         status: OrderStatus,
@@ -175,7 +180,7 @@ impl fmt::Display for OrderRejection {
             Self::NotFound => f.write_str("the order does not exist"),
             Self::NotPlaced { status } => write!(
                 f,
-                "items can only be added while the order is placed, but it is {status}"
+                "items can only be added, and an order expire, while it is placed, but it is {status}"
             ),
             Self::InvalidTransition { from, to } => {
                 write!(f, "an order cannot go from {from} to {to}")
@@ -280,6 +285,14 @@ impl Aggregate for Order {
                 Ok(vec![OrderEvent::OrderConfirmed])
             }
             OrderCommand::CancelOrder { reason } => {
+                // An expiry only cancels an order nobody confirmed: the order flow's timer
+                // may fire while a confirmation is on its way to it.
+                if reason == EXPIRED && self.status != Some(OrderStatus::Placed) {
+                    return Err(match self.status {
+                        None => OrderRejection::NotFound,
+                        Some(status) => OrderRejection::NotPlaced { status },
+                    });
+                }
                 self.transition(OrderStatus::Cancelled)?;
                 Ok(vec![OrderEvent::OrderCancelled { reason }])
             }

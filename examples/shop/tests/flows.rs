@@ -1,0 +1,219 @@
+//! The shop's flows (DESIGN §7) end to end on the embedded log: the `shop` binary as a
+//! child process, checked over HTTP only. Payment on confirm, ship when paid, cancel
+//! when declined, expiry (with `--order-expiry-secs`), the process manager's own
+//! endpoint, `/readyz` and `/metrics`, and a SIGKILL in the middle of flows.
+
+mod common;
+
+use common::{get, get_text, post, start};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const DECLINE_ABOVE: u64 = 10_000;
+
+fn place(url: &str, order: &str, total_cents: u64) {
+    let body = json!({
+        "type": "PlaceOrder",
+        "customer_id": "c-1",
+        "items": [{"sku": "sku-1", "qty": 1, "price_cents": total_cents}],
+    });
+    let (status, answer) = post(
+        url,
+        &format!("/v1/aggregates/order/{order}/commands"),
+        &body.to_string(),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+}
+
+fn confirm(url: &str, order: &str) -> (u16, Value) {
+    post(
+        url,
+        &format!("/v1/aggregates/order/{order}/commands"),
+        r#"{"type":"ConfirmOrder"}"#,
+        "",
+    )
+}
+
+fn events(url: &str, aggregate: &str, id: &str) -> Vec<Value> {
+    let (status, body) = get(url, &format!("/v1/aggregates/{aggregate}/{id}/events"));
+    if status == 404 {
+        return Vec::new();
+    }
+    assert_eq!(status, 200, "{body}");
+    body.as_array().unwrap().clone()
+}
+
+fn types(events: &[Value]) -> Vec<String> {
+    events.iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect()
+}
+
+/// Waits until the order's last event is `last` (and returns its events).
+fn wait_for_last(url: &str, order: &str, last: &str, within: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let e = events(url, "order", order);
+        if e.last().and_then(|e| e["type"].as_str()) == Some(last) {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "order {order} did not end with {last} within {within:?}: {:?}",
+            types(&e)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_shops_flows_run_on_the_embedded_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = DECLINE_ABOVE.to_string();
+    let (_shop, url, _) = start(
+        dir.path(),
+        &[
+            "--order-expiry-secs",
+            "2",
+            "--decline-above-cents",
+            &limit,
+            "--partitions",
+            "4",
+        ],
+    );
+
+    // /readyz lists the process manager, ready.
+    let (status, ready) = get(&url, "/readyz");
+    assert_eq!(status, 200, "{ready}");
+    let pms = ready["process_managers"].as_array().unwrap();
+    assert_eq!(pms.len(), 1, "{ready}");
+    assert_eq!(pms[0]["name"], "order_flow");
+    assert_eq!(pms[0]["state"], "ready");
+
+    // Payment on confirm, ship when paid.
+    place(&url, "o-paid", 500);
+    let (status, state) = get(&url, "/v1/process-managers/order_flow/o-paid");
+    assert_eq!(status, 200, "the flow keeps the placed order: {state}");
+    assert_eq!(state["name"], "order_flow");
+    assert_eq!(state["key"], "o-paid");
+    assert_eq!(state["state"]["stage"], "placed");
+    assert_eq!(state["timers"][0]["id"], "expiry");
+    assert!(state["timers"][0]["due"].as_str().unwrap().ends_with('Z'), "{state}");
+    assert_eq!(confirm(&url, "o-paid").0, 200);
+    let order = wait_for_last(&url, "o-paid", "OrderShipped", Duration::from_secs(10));
+    assert_eq!(types(&order), ["OrderPlaced", "OrderConfirmed", "OrderShipped"]);
+    let payment = events(&url, "payment", "pay-o-paid");
+    assert_eq!(types(&payment), ["PaymentAuthorized"]);
+    assert_eq!(payment[0]["payload"]["order_id"], "o-paid");
+    assert_eq!(payment[0]["payload"]["amount_cents"], 500);
+    // The flow's commands carry deterministic ids and the trigger's correlation id.
+    let ship = &order[2];
+    assert!(
+        ship["command_id"].as_str().unwrap().starts_with("order_flow:"),
+        "{ship}"
+    );
+
+    // Cancel when declined.
+    place(&url, "o-declined", DECLINE_ABOVE + 1);
+    assert_eq!(confirm(&url, "o-declined").0, 200);
+    let order = wait_for_last(&url, "o-declined", "OrderCancelled", Duration::from_secs(10));
+    assert_eq!(order.last().unwrap()["payload"]["reason"], "payment_declined");
+    assert_eq!(types(&events(&url, "payment", "pay-o-declined")), ["PaymentDeclined"]);
+
+    // Expiry: an order left placed is cancelled as expired; a confirmed one is not.
+    place(&url, "o-left", 700);
+    place(&url, "o-kept", 700);
+    assert_eq!(confirm(&url, "o-kept").0, 200);
+    let order = wait_for_last(&url, "o-left", "OrderCancelled", Duration::from_secs(10));
+    assert_eq!(types(&order), ["OrderPlaced", "OrderCancelled"]);
+    assert_eq!(order[1]["payload"]["reason"], "expired");
+    std::thread::sleep(Duration::from_millis(2500));
+    let kept = wait_for_last(&url, "o-kept", "OrderShipped", Duration::from_secs(10));
+    assert_eq!(types(&kept), ["OrderPlaced", "OrderConfirmed", "OrderShipped"]);
+
+    // Finished flows keep nothing; unknown names and keys are 404 with the usual body.
+    let (status, body) = get(&url, "/v1/process-managers/order_flow/o-paid");
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"], "not_found");
+    let (status, body) = get(&url, "/v1/process-managers/nope/o-paid");
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"], "unknown_process_manager");
+
+    let metrics = get_text(&url, "/metrics");
+    let reactions = metrics
+        .lines()
+        .find(|l| l.starts_with("eventfold_process_manager_reactions_total{name=\"order_flow\"}"))
+        .unwrap_or_else(|| panic!("no reactions metric in\n{metrics}"));
+    let n: u64 = reactions.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 10, "{reactions}");
+    assert!(
+        metrics.contains("eventfold_process_manager_timers_pending{name=\"order_flow\"} 0"),
+        "every timer fired or was cancelled:\n{metrics}"
+    );
+}
+
+#[test]
+fn flows_complete_exactly_once_across_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = DECLINE_ABOVE.to_string();
+    let args = [
+        "--order-expiry-secs",
+        "3",
+        "--decline-above-cents",
+        &limit,
+        "--partitions",
+        "4",
+    ];
+    let orders: Vec<(String, u64, bool)> = (0..60)
+        .map(|i| {
+            let total = if i % 5 == 0 { DECLINE_ABOVE + 1 } else { 100 + i };
+            // Every fourth order is left to expire.
+            (format!("o-{i}"), total, i % 4 != 3)
+        })
+        .collect();
+    {
+        let (mut shop, url, _) = start(dir.path(), &args);
+        for (id, total, _) in &orders {
+            place(&url, id, *total);
+        }
+        for (id, _, confirmed) in &orders {
+            if *confirmed {
+                assert_eq!(confirm(&url, id).0, 200);
+            }
+        }
+        // Killed while flows are under way: some reacted to, some in the outbox.
+        shop.0.kill().unwrap();
+        shop.0.wait().unwrap();
+    }
+    let (_shop, url, _) = start(dir.path(), &args);
+    for (id, total, confirmed) in &orders {
+        let declined = *total > DECLINE_ABOVE;
+        let (last, reason) = match (confirmed, declined) {
+            (true, false) => ("OrderShipped", None),
+            (true, true) => ("OrderCancelled", Some("payment_declined")),
+            (false, _) => ("OrderCancelled", Some("expired")),
+        };
+        let e = wait_for_last(&url, id, last, Duration::from_secs(20));
+        let expected: &[&str] = if *confirmed {
+            &["OrderPlaced", "OrderConfirmed", last]
+        } else {
+            &["OrderPlaced", last]
+        };
+        assert_eq!(types(&e), expected, "order {id}");
+        if let Some(r) = reason {
+            assert_eq!(e.last().unwrap()["payload"]["reason"], r, "order {id}");
+        }
+        let payment = types(&events(&url, "payment", &format!("pay-{id}")));
+        match (confirmed, declined) {
+            (true, false) => assert_eq!(payment, ["PaymentAuthorized"], "order {id}"),
+            (true, true) => assert_eq!(payment, ["PaymentDeclined"], "order {id}"),
+            (false, _) => assert!(payment.is_empty(), "order {id}: {payment:?}"),
+        }
+    }
+    // Nothing left over: every flow ended, every timer fired or was cancelled.
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = get_text(&url, "/metrics");
+    for gauge in ["timers_pending", "commands_outstanding"] {
+        let line = format!("eventfold_process_manager_{gauge}{{name=\"order_flow\"}} 0");
+        assert!(metrics.contains(&line), "expected {line} in\n{metrics}");
+    }
+}
