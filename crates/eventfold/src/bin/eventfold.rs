@@ -9,6 +9,7 @@ use clap::builder::StyledStr;
 use clap::builder::styling::Style;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eventfold::drop_app::{self, DropOptions, DropSummary};
+use eventfold::load::flows::{self, FlowOptions, FlowSummary};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
 use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
@@ -31,14 +32,19 @@ enum Command {
     ///
     /// Sends `POST {url}/v1/aggregates/{type}/{id}/commands` with a JSON body and a fresh
     /// `Idempotency-Key` per request. Without --body the `shop-orders` preset is used.
+    /// `--workload flows` runs the shop's order flow instead: PlaceOrder and ConfirmOrder on
+    /// a fresh order, then the order is read until its process manager has shipped it.
     #[command(after_help = "\
 Exit status: 0 when the run passed, 1 when more than --max-error-rate of the requests \
-failed (200, other 2xx and 422 count as success), 2 on invalid options.
+failed (200, other 2xx and 422 count as success; with --workload flows: of the flows did \
+not end shipped), 2 on invalid options.
 
 Examples:
   eventfold load --url http://127.0.0.1:8080 --duration 30s --concurrency 128
   eventfold load --count 10000 --rate 500 --warmup 2s --json
-  eventfold load --type counter --body '{\"type\":\"Add\",\"by\":1}' --ids 100")]
+  eventfold load --type counter --body '{\"type\":\"Add\",\"by\":1}' --ids 100
+  eventfold load --workload flows --rate 2000 --concurrency 512 --duration 10s --warmup 1s
+  eventfold load --workload flows --concurrency 256 --duration 10s   # most completed flows/s")]
     Load(LoadArgs),
 
     /// Produce commands straight to `<app>.<type>.commands` on Kafka and measure
@@ -245,6 +251,24 @@ struct LoadArgs {
     #[arg(long, env = "EVENTFOLD_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
 
+    /// What one unit of load is. commands: one command per request (--preset, --body,
+    /// --get). flows: the shop's order flow, PlaceOrder and ConfirmOrder on a fresh order
+    /// and then GET /v1/aggregates/order/{id} every --poll-interval until it reads shipped;
+    /// latency = ConfirmOrder answer to that read, rate = completed flows/s, --concurrency =
+    /// most flows in flight (without --rate: that many flows back to back).
+    #[arg(long, value_enum, default_value = "commands")]
+    workload: WorkloadArg,
+
+    /// --workload flows: a flow whose order is not shipped this long after its ConfirmOrder
+    /// answer did not complete [default: 10s].
+    #[arg(long, value_parser = load::parse_duration)]
+    flow_timeout: Option<Duration>,
+
+    /// --workload flows: time between two reads of a confirmed order; a flow's latency is
+    /// over-stated by at most this much [default: 2ms].
+    #[arg(long, value_parser = load::parse_duration)]
+    poll_interval: Option<Duration>,
+
     /// Built-in workload; the default when no --body is given.
     /// shop-orders: `PlaceOrder` on a fresh `order` aggregate per request.
     #[arg(long, value_enum, conflicts_with = "body")]
@@ -333,6 +357,12 @@ enum PresetArg {
     ShopOrders,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WorkloadArg {
+    Commands,
+    Flows,
+}
+
 /// Help of `--body`. Each placeholder name is styled, which keeps clap from reading `{n}`
 /// as a line break; the styling is stripped when colour is off, leaving plain `{n}`.
 fn body_help() -> StyledStr {
@@ -352,6 +382,52 @@ fn body_help() -> StyledStr {
 }
 
 impl LoadArgs {
+    /// The flags given that `workload` does not use, as they are spelled.
+    fn misplaced_flags(&self) -> Vec<&'static str> {
+        let given = match self.workload {
+            WorkloadArg::Commands => vec![
+                ("--flow-timeout", self.flow_timeout.is_some()),
+                ("--poll-interval", self.poll_interval.is_some()),
+            ],
+            WorkloadArg::Flows => vec![
+                ("--preset", self.preset.is_some()),
+                ("--type", self.aggregate_type.is_some()),
+                ("--body", self.body.is_some()),
+                ("--ids", self.ids.is_some()),
+                ("--sequential-ids", self.sequential_ids),
+                ("--get", self.get.is_some()),
+            ],
+        };
+        given
+            .into_iter()
+            .filter(|(_, given)| *given)
+            .map(|(flag, _)| flag)
+            .collect()
+    }
+
+    fn into_flow_options(self) -> FlowOptions {
+        let defaults = FlowOptions::default();
+        FlowOptions {
+            url: self.url,
+            id_prefix: self.id_prefix,
+            concurrency: self.concurrency,
+            limit: match (self.count, self.duration) {
+                (Some(count), _) => Limit::Count(count),
+                (None, duration) => Limit::Duration(duration.unwrap_or(Duration::from_secs(10))),
+            },
+            rate: self.rate,
+            warmup: self.warmup,
+            retries: self.retries,
+            retry_after_max: self.retry_after_max,
+            timeout: self.timeout,
+            flow_timeout: self.flow_timeout.unwrap_or(defaults.flow_timeout),
+            poll_interval: self.poll_interval.unwrap_or(defaults.poll_interval),
+            max_error_rate: self.max_error_rate,
+            seed: self.seed,
+            progress: !self.quiet && std::io::stderr().is_terminal(),
+        }
+    }
+
     fn into_options(self) -> LoadOptions {
         let mut opts = LoadOptions {
             url: self.url,
@@ -404,7 +480,17 @@ fn main() -> ExitCode {
 #[tokio::main]
 async fn load_http(args: LoadArgs) -> ExitCode {
     let json = args.json;
-    let opts = args.into_options();
+    let misplaced = args.misplaced_flags();
+    if !misplaced.is_empty() {
+        let workload = args.workload.to_possible_value().expect("no variant is skipped");
+        eprintln!(
+            "eventfold load: error: {} not used by --workload {}",
+            misplaced.join(", "),
+            workload.get_name()
+        );
+        return ExitCode::from(2);
+    }
+    let workload = args.workload;
     let shutdown = async {
         if tokio::signal::ctrl_c().await.is_err() {
             // Without a signal handler the run simply goes to its limit.
@@ -417,11 +503,20 @@ async fn load_http(args: LoadArgs) -> ExitCode {
             }
         });
     };
-    report(
-        "load",
-        json,
-        load::run_until(opts, shutdown).await,
-        Summary::to_json,
-        Summary::check,
-    )
+    match workload {
+        WorkloadArg::Commands => report(
+            "load",
+            json,
+            load::run_until(args.into_options(), shutdown).await,
+            Summary::to_json,
+            Summary::check,
+        ),
+        WorkloadArg::Flows => report(
+            "load",
+            json,
+            flows::run_until(args.into_flow_options(), shutdown).await,
+            FlowSummary::to_json,
+            FlowSummary::check,
+        ),
+    }
 }

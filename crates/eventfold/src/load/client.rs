@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderValue, IF_NONE_MATCH};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -54,6 +54,8 @@ impl Target {
 pub(crate) struct Reply {
     pub(crate) status: u16,
     pub(crate) retry_after: Option<Duration>,
+    /// The response body (read to its end in any case, to reuse the connection).
+    pub(crate) body: Bytes,
 }
 
 /// One worker's connection, opened on first use and again after a failure.
@@ -66,10 +68,12 @@ pub(crate) struct Connection {
 }
 
 /// A request: its path (with query) and, for a command (a POST), its idempotency key and
-/// body; without one it is a GET.
+/// body; without one it is a GET, conditional with `If-None-Match` when `if_none_match`
+/// is set.
 pub(crate) struct Call<'a> {
     pub(crate) path: &'a str,
     pub(crate) command: Option<(&'a str, Bytes)>,
+    pub(crate) if_none_match: Option<&'a str>,
 }
 
 impl Connection {
@@ -106,7 +110,10 @@ impl Connection {
             }
         };
         sender.ready().await.map_err(|e| super::error_chain(&e))?;
-        let builder = Request::builder().uri(call.path).header(HOST, target.host.clone());
+        let mut builder = Request::builder().uri(call.path).header(HOST, target.host.clone());
+        if let Some(etag) = call.if_none_match {
+            builder = builder.header(IF_NONE_MATCH, etag);
+        }
         let request = match call.command {
             Some((key, body)) => builder
                 .method(Method::POST)
@@ -127,15 +134,20 @@ impl Connection {
             .get(CONNECTION)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         // Read the body to the end so the connection can carry the next request.
-        response
+        let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|e| format!("error reading the response body: {}", super::error_chain(&e)))?;
+            .map_err(|e| format!("error reading the response body: {}", super::error_chain(&e)))?
+            .to_bytes();
         if close {
             self.sender = None;
         }
-        Ok(Reply { status, retry_after })
+        Ok(Reply {
+            status,
+            retry_after,
+            body,
+        })
     }
 }
 

@@ -33,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::{self, Instant};
 
 mod client;
+pub mod flows;
 use client::{Call, Connection, Target};
 
 /// Most concurrent workers one run may start.
@@ -725,6 +726,7 @@ impl Shared {
         let call = Call {
             path,
             command: self.get.is_none().then(|| (key, body.clone())),
+            if_none_match: None,
         };
         match connection.send(&self.target, call, self.timeout).await {
             Ok(reply) => Attempt::Status {
