@@ -91,7 +91,15 @@ fn the_shops_flows_run_on_the_embedded_log() {
 
     // Payment on confirm, ship when paid.
     place(&url, "o-paid", 500);
-    let (status, state) = get(&url, "/v1/process-managers/order_flow/o-paid");
+    // The flow reacts after the order's commit: wait (bounded) until it has.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, state) = loop {
+        let (status, state) = get(&url, "/v1/process-managers/order_flow/o-paid");
+        if status != 404 || Instant::now() > deadline {
+            break (status, state);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(status, 200, "the flow keeps the placed order: {state}");
     assert_eq!(state["name"], "order_flow");
     assert_eq!(state["key"], "o-paid");
