@@ -157,11 +157,18 @@ impl RuntimeBuilder {
     }
 
     /// Every topic of the aggregates registered so far (`<app>.<type>.{commands, events,
-    /// state, results}`), for [`Log::provision`] before [`RuntimeBuilder::build`].
+    /// state, results}`) and of the process managers (`<app>.<name>.state`), for
+    /// [`Log::provision`] before [`RuntimeBuilder::build`].
     pub fn topics(&self) -> Vec<Arc<str>> {
+        let app = &self.options.app_id;
         self.topic_sets()
             .into_iter()
             .flat_map(|(_, t)| [t.commands, t.events, t.state, t.results])
+            .chain(
+                self.processes
+                    .iter()
+                    .map(|(name, _)| crate::process::changelog_topic(app, name)),
+            )
             .collect()
     }
 
@@ -277,11 +284,18 @@ impl RuntimeBuilder {
         let processes = self
             .processes
             .into_iter()
-            .map(|(name, start)| {
-                (
-                    name.to_owned(),
-                    start(&log, &services, &self.clock, &self.process_options),
-                )
+            .enumerate()
+            .map(|(i, (name, start))| {
+                let with = crate::process::StartWith {
+                    log: &log,
+                    services: &services,
+                    clock: &self.clock,
+                    options: &self.process_options,
+                    app: &self.options.app_id,
+                    // Lanes from the top: a partition's lane is its number.
+                    lane: u32::MAX - i as u32,
+                };
+                (name.to_owned(), start(with))
             })
             .collect();
         Runtime {

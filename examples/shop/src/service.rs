@@ -54,8 +54,7 @@ pub struct ServeOptions {
     /// Payments above this amount (cents) are declined.
     #[arg(long, env = "EVENTFOLD_DECLINE_ABOVE_CENTS", default_value_t = PaymentConfig::default().decline_above_cents)]
     pub decline_above_cents: u64,
-    /// Seconds an order may stay `placed` before the order flow cancels it as expired
-    /// (embedded log; in Kafka mode the order flow does not run yet).
+    /// Seconds an order may stay `placed` before the order flow cancels it as expired.
     #[arg(long, env = "EVENTFOLD_ORDER_EXPIRY_SECS", default_value_t = 3600)]
     pub order_expiry_secs: u64,
     /// Do not run the order flow (process manager `order_flow`): orders then only change
@@ -336,22 +335,18 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
             decline_above_cents: opts.decline_above_cents,
         })
         .aggregate::<Customer>(());
+    // The order flow: payment on confirm, ship when paid, cancel when declined, expiry.
+    let builder = if opts.no_order_flow {
+        builder
+    } else {
+        builder.process_manager::<OrderFlow>(FlowConfig {
+            order_expiry: Duration::from_secs(opts.order_expiry_secs),
+        })
+    };
     // Kafka mode: every topic is created or checked now, so that one with another
     // partition count or a policy that would lose data stops the start, with the reason.
     let topics = builder.topics();
     tokio::task::block_in_place(|| log.provision(&topics)).context("the app's Kafka topics cannot be used")?;
-    // The order flow (payment on confirm, ship when paid, cancel when declined, expiry)
-    // runs on the embedded log; Kafka mode does not run process managers yet.
-    let builder = match &opts.kafka {
-        _ if opts.no_order_flow => builder,
-        None => builder.process_manager::<OrderFlow>(FlowConfig {
-            order_expiry: Duration::from_secs(opts.order_expiry_secs),
-        }),
-        Some(_) => {
-            tracing::warn!("the order flow (process manager `order_flow`) does not run in Kafka mode yet");
-            builder
-        }
-    };
     let runtime = builder
         .view::<OrdersView>()
         .view::<CustomersView>()

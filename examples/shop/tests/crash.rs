@@ -82,6 +82,12 @@ struct Server {
 
 impl Server {
     fn new(data_dir: &Path, stderr_path: &Path, mut extra_args: Vec<String>) -> Self {
+        // The command path's invariants, from the commands this test sends: the order
+        // flow's own commands (ShipOrder after a confirmation) would be events it never
+        // sent. The flow under kills is `flows_crash.rs`.
+        if !extra_args.iter().any(|a| a == "--no-order-flow") {
+            extra_args.push("--no-order-flow".to_owned());
+        }
         extra_args.extend(
             std::env::var("CRASH_SHOP_ARGS")
                 .unwrap_or_default()
@@ -752,10 +758,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_under_load_keeps_invariants() {
     let _one_at_a_time = SERIAL.lock().await;
-    // The command path's invariants, from the commands this test sends: the order flow's
-    // own commands (ShipOrder after a confirmation) would be events it never sent. The
-    // flow under kills is `flows_crash.rs`.
-    crash_run(vec!["--no-order-flow".to_owned()], None).await;
+    crash_run(Vec::new(), None).await;
 }
 
 /// The same on Kafka (`--kafka`, a fresh app id), plus a check by an independent

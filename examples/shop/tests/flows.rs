@@ -69,20 +69,66 @@ fn wait_for_last(url: &str, order: &str, last: &str, within: Duration) -> Vec<Va
 fn the_shops_flows_run_on_the_embedded_log() {
     let dir = tempfile::tempdir().unwrap();
     let limit = DECLINE_ABOVE.to_string();
-    let (_shop, url, _) = start(
-        dir.path(),
-        &[
-            "--order-expiry-secs",
-            "2",
-            "--decline-above-cents",
-            &limit,
-            "--partitions",
-            "4",
-        ],
-    );
+    let flags = [
+        "--order-expiry-secs",
+        "2",
+        "--decline-above-cents",
+        &limit,
+        "--partitions",
+        "4",
+    ];
+    let (_shop, url, _) = start(dir.path(), &flags);
+    the_shops_flows(&url, "o");
+}
 
+/// The same on Kafka: one instance runs the order flow, its rows in the changelog topic.
+#[test]
+fn the_shops_flows_run_on_kafka() {
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("flows{}", rand::random::<u32>());
+    let dir = tempfile::tempdir().unwrap();
+    let limit = DECLINE_ABOVE.to_string();
+    let flags = [
+        "--kafka",
+        &bootstrap,
+        "--app-id",
+        &app,
+        "--order-expiry-secs",
+        "2",
+        "--decline-above-cents",
+        &limit,
+        "--partitions",
+        "4",
+    ];
+    let (_shop, url, _) = start(dir.path(), &flags);
+    // Ready once the group has assigned the order flow here (`remote` before).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, ready) = get(&url, "/readyz");
+        if ready["process_managers"][0]["state"] == "ready" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the order flow did not start here: {ready}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    the_shops_flows(&url, "k");
+    // Its rows went to the changelog topic too (partition 0: one instance runs it).
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let topic = format!("{app}.order_flow.state");
+    let (low, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(10)).unwrap();
+    assert!(high > low, "{topic} holds the flow's rows: {low}..{high}");
+}
+
+/// Every flow once, checked over HTTP; order ids start with `prefix`.
+fn the_shops_flows(url: &str, prefix: &str) {
+    let o = |name: &str| format!("{prefix}-{name}");
+    let pm = |name: &str| format!("/v1/process-managers/order_flow/{}", o(name));
     // /readyz lists the process manager, ready.
-    let (status, ready) = get(&url, "/readyz");
+    let (status, ready) = get(url, "/readyz");
     assert_eq!(status, 200, "{ready}");
     let pms = ready["process_managers"].as_array().unwrap();
     assert_eq!(pms.len(), 1, "{ready}");
@@ -90,11 +136,11 @@ fn the_shops_flows_run_on_the_embedded_log() {
     assert_eq!(pms[0]["state"], "ready");
 
     // Payment on confirm, ship when paid.
-    place(&url, "o-paid", 500);
+    place(url, &o("paid"), 500);
     // The flow reacts after the order's commit: wait (bounded) until it has.
     let deadline = Instant::now() + Duration::from_secs(10);
     let (status, state) = loop {
-        let (status, state) = get(&url, "/v1/process-managers/order_flow/o-paid");
+        let (status, state) = get(url, &pm("paid"));
         if status != 404 || Instant::now() > deadline {
             break (status, state);
         }
@@ -102,16 +148,16 @@ fn the_shops_flows_run_on_the_embedded_log() {
     };
     assert_eq!(status, 200, "the flow keeps the placed order: {state}");
     assert_eq!(state["name"], "order_flow");
-    assert_eq!(state["key"], "o-paid");
+    assert_eq!(state["key"], o("paid").as_str());
     assert_eq!(state["state"]["stage"], "placed");
     assert_eq!(state["timers"][0]["id"], "expiry");
     assert!(state["timers"][0]["due"].as_str().unwrap().ends_with('Z'), "{state}");
-    assert_eq!(confirm(&url, "o-paid").0, 200);
-    let order = wait_for_last(&url, "o-paid", "OrderShipped", Duration::from_secs(10));
+    assert_eq!(confirm(url, &o("paid")).0, 200);
+    let order = wait_for_last(url, &o("paid"), "OrderShipped", Duration::from_secs(10));
     assert_eq!(types(&order), ["OrderPlaced", "OrderConfirmed", "OrderShipped"]);
-    let payment = events(&url, "payment", "pay-o-paid");
+    let payment = events(url, "payment", &format!("pay-{}", o("paid")));
     assert_eq!(types(&payment), ["PaymentAuthorized"]);
-    assert_eq!(payment[0]["payload"]["order_id"], "o-paid");
+    assert_eq!(payment[0]["payload"]["order_id"], o("paid").as_str());
     assert_eq!(payment[0]["payload"]["amount_cents"], 500);
     // The flow's commands carry deterministic ids and the trigger's correlation id.
     let ship = &order[2];
@@ -121,32 +167,35 @@ fn the_shops_flows_run_on_the_embedded_log() {
     );
 
     // Cancel when declined.
-    place(&url, "o-declined", DECLINE_ABOVE + 1);
-    assert_eq!(confirm(&url, "o-declined").0, 200);
-    let order = wait_for_last(&url, "o-declined", "OrderCancelled", Duration::from_secs(10));
+    place(url, &o("declined"), DECLINE_ABOVE + 1);
+    assert_eq!(confirm(url, &o("declined")).0, 200);
+    let order = wait_for_last(url, &o("declined"), "OrderCancelled", Duration::from_secs(10));
     assert_eq!(order.last().unwrap()["payload"]["reason"], "payment_declined");
-    assert_eq!(types(&events(&url, "payment", "pay-o-declined")), ["PaymentDeclined"]);
+    assert_eq!(
+        types(&events(url, "payment", &format!("pay-{}", o("declined")))),
+        ["PaymentDeclined"]
+    );
 
     // Expiry: an order left placed is cancelled as expired; a confirmed one is not.
-    place(&url, "o-left", 700);
-    place(&url, "o-kept", 700);
-    assert_eq!(confirm(&url, "o-kept").0, 200);
-    let order = wait_for_last(&url, "o-left", "OrderCancelled", Duration::from_secs(10));
+    place(url, &o("left"), 700);
+    place(url, &o("kept"), 700);
+    assert_eq!(confirm(url, &o("kept")).0, 200);
+    let order = wait_for_last(url, &o("left"), "OrderCancelled", Duration::from_secs(10));
     assert_eq!(types(&order), ["OrderPlaced", "OrderCancelled"]);
     assert_eq!(order[1]["payload"]["reason"], "expired");
     std::thread::sleep(Duration::from_millis(2500));
-    let kept = wait_for_last(&url, "o-kept", "OrderShipped", Duration::from_secs(10));
+    let kept = wait_for_last(url, &o("kept"), "OrderShipped", Duration::from_secs(10));
     assert_eq!(types(&kept), ["OrderPlaced", "OrderConfirmed", "OrderShipped"]);
 
     // Finished flows keep nothing; unknown names and keys are 404 with the usual body.
-    let (status, body) = get(&url, "/v1/process-managers/order_flow/o-paid");
+    let (status, body) = get(url, &pm("paid"));
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"], "not_found");
-    let (status, body) = get(&url, "/v1/process-managers/nope/o-paid");
+    let (status, body) = get(url, "/v1/process-managers/nope/o-paid");
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"], "unknown_process_manager");
 
-    let metrics = get_text(&url, "/metrics");
+    let metrics = get_text(url, "/metrics");
     let reactions = metrics
         .lines()
         .find(|l| l.starts_with("eventfold_process_manager_reactions_total{name=\"order_flow\"}"))
@@ -224,4 +273,91 @@ fn flows_complete_exactly_once_across_a_sigkill() {
         let line = format!("eventfold_process_manager_{gauge}{{name=\"order_flow\"}} 0");
         assert!(metrics.contains(&line), "expected {line} in\n{metrics}");
     }
+}
+
+/// Kafka mode, two instances: the order flow runs on one; SIGKILLed, the consumer group
+/// moves it to the other, which restores its rows from the changelog and goes on. Every
+/// flow completes once, checked over HTTP and by an independent read_committed consumer.
+#[test]
+fn the_order_flow_moves_to_the_other_instance_on_kafka() {
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("flowsduo{}", rand::random::<u32>());
+    let flags = |id: &str| -> Vec<String> {
+        [
+            "--kafka",
+            &bootstrap,
+            "--app-id",
+            &app,
+            "--instance-id",
+            id,
+            "--partitions",
+            "4",
+            "--kafka-session-timeout-secs",
+            "6",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    };
+    let (owned_a, owned_b) = (flags("a"), flags("b"));
+    let fa: Vec<&str> = owned_a.iter().map(String::as_str).collect();
+    let fb: Vec<&str> = owned_b.iter().map(String::as_str).collect();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, url_a, _) = start(da.path(), &fa);
+    let (b, url_b, _) = start(db.path(), &fb);
+    let owner = |urls: &[&str]| -> Option<usize> {
+        urls.iter()
+            .position(|u| get(u, "/readyz").1["process_managers"][0]["state"] == "ready")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        if let Some(i) = owner(&[&url_a, &url_b]) {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no instance runs the order flow");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut guards = [Some(a), Some(b)];
+    let urls = [url_a.clone(), url_b.clone()];
+    let survivor = urls[1 - first].clone();
+
+    let orders: Vec<String> = (0..20).map(|i| format!("d-{i}")).collect();
+    for id in &orders[..10] {
+        place(&survivor, id, 100);
+        assert_eq!(confirm(&survivor, id).0, 200);
+    }
+    for id in &orders[..5] {
+        wait_for_last(&survivor, id, "OrderShipped", Duration::from_secs(20));
+    }
+    // The owner dies with flows under way.
+    drop(guards[first].take());
+    for id in &orders[10..] {
+        place(&survivor, id, 100);
+        assert_eq!(confirm(&survivor, id).0, 200);
+    }
+    for id in &orders {
+        let e = wait_for_last(&survivor, id, "OrderShipped", Duration::from_secs(60));
+        assert_eq!(
+            types(&e),
+            ["OrderPlaced", "OrderConfirmed", "OrderShipped"],
+            "order {id}"
+        );
+        let p = events(&survivor, "payment", &format!("pay-{id}"));
+        assert_eq!(types(&p), ["PaymentAuthorized"], "order {id}");
+    }
+    assert_eq!(owner(&[&survivor]), Some(0), "the survivor runs the order flow now");
+    // Independently: one authorization and one shipment per order in the topics.
+    let payments = common::read_committed(&bootstrap, &format!("{app}.payment.events"), 4);
+    let shipments = common::read_committed(&bootstrap, &format!("{app}.order.events"), 4);
+    for id in &orders {
+        let pay = format!("pay-{id}");
+        let n = payments.iter().filter(|(k, _, _)| *k == pay).count();
+        assert_eq!(n, 1, "{pay}: {n} payment events in the topic");
+        let shipped = shipments
+            .iter()
+            .filter(|(k, _, v)| k == id && v["type"] == "OrderShipped")
+            .count();
+        assert_eq!(shipped, 1, "{id}: {shipped} OrderShipped in the topic");
+    }
+    drop(guards);
 }

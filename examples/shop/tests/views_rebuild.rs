@@ -204,6 +204,7 @@ fn a_view_rebuilt_from_kafka_answers_the_same_as_before() {
         "4",
         "--instance-id",
         "i1",
+        "--no-order-flow",
     ];
     let (shop1, url, _) = start(dir.path(), &flags);
     let (all, order_events, customer_events) = fill(&url, 40, 12);

@@ -12,11 +12,15 @@
 //! (`pm/<name>/<topic>/<partition>`). Does not touch: aggregates' state or dedup records
 //! (commands go through [`AggregateService::submit`], like any client's).
 //!
-//! Runs on the embedded log. In Kafka mode a process manager is reported `failed` with
-//! the reason: its state would have to move between instances with the partitions.
+//! In Kafka mode one instance at a time runs a process manager (the member of its consumer
+//! group assigned the changelog's partition 0, see [`owner`]); its rows are also written
+//! to the changelog topic `<app>.<name>.state` in the same transaction, and the instance
+//! that takes it over restores them from there.
 
+mod changelog;
 mod decide;
 mod outbox;
+mod owner;
 mod shared;
 mod worker;
 
@@ -109,7 +113,12 @@ impl ProcessService {
             s.overdue_checked_ms.store(now, Ordering::Relaxed);
             let n = self
                 .store
-                .due_timers(self.name, now.saturating_sub(1000), 100_000)
+                .due_timers_from(
+                    self.name,
+                    s.due_floor.load(Ordering::Relaxed),
+                    now.saturating_sub(1000),
+                    100_000,
+                )
                 .map_or(0, |t| t.len() as u64);
             s.overdue.store(n, Ordering::Relaxed);
         }
@@ -125,9 +134,9 @@ impl ProcessService {
         }
     }
 
-    /// Whether it has caught up and not failed.
+    /// Whether it has caught up (or runs on another instance) and has not failed.
     pub fn is_ready(&self) -> bool {
-        self.shared.state() == ProcessState::Ready
+        matches!(self.shared.state(), ProcessState::Ready | ProcessState::Remote)
     }
 
     /// The state and pending timers of `key`; `None` when it has neither.
@@ -171,7 +180,7 @@ impl ProcessService {
     pub(crate) fn render_metrics(&self, out: &mut String) {
         let r = self.report();
         let n = self.name;
-        let up = u8::from(r.state == ProcessState::Ready);
+        let up = u8::from(matches!(r.state, ProcessState::Ready | ProcessState::Remote));
         let _ = writeln!(out, "eventfold_process_manager_up{{name=\"{n}\"}} {up}");
         let _ = writeln!(out, "eventfold_process_manager_lag{{name=\"{n}\"}} {}", r.lag);
         let _ = writeln!(
@@ -197,46 +206,73 @@ impl ProcessService {
     }
 }
 
-/// Starts a registered process manager once the aggregates run.
-pub(crate) type Starter = Box<
-    dyn FnOnce(
-            &Arc<dyn Log>,
-            &BTreeMap<String, Arc<dyn AggregateService>>,
-            &Arc<dyn Clock>,
-            &ProcessOptions,
-        ) -> Arc<ProcessService>
-        + Send,
->;
+/// What a registered process manager is started with once the aggregates run.
+pub(crate) struct StartWith<'a> {
+    pub log: &'a Arc<dyn Log>,
+    pub services: &'a BTreeMap<String, Arc<dyn AggregateService>>,
+    pub clock: &'a Arc<dyn Clock>,
+    pub options: &'a ProcessOptions,
+    /// The app id (Kafka mode: the changelog topic's and the group's prefix).
+    pub app: &'a str,
+    /// Kafka mode: the commit lane of its transactions (none of the partitions').
+    pub lane: u32,
+}
+
+/// Starts a registered process manager.
+pub(crate) type Starter = Box<dyn FnOnce(StartWith<'_>) -> Arc<ProcessService> + Send>;
 
 /// The starter of process manager `P`.
 pub(crate) fn starter<P: ProcessManager>(config: P::Config) -> Starter {
-    Box::new(move |log, services, clock, options| start::<P>(log, services, clock, options, config))
+    Box::new(move |with| start::<P>(with, config))
+}
+
+/// The changelog topic of process manager `name` (Kafka mode), to provision.
+pub(crate) fn changelog_topic(app: &str, name: &str) -> Arc<str> {
+    changelog::topic(app, name)
 }
 
 /// Starts process manager `P` over `services` (the aggregates it reads and sends to).
-pub(crate) fn start<P: ProcessManager>(
-    log: &Arc<dyn Log>,
-    services: &BTreeMap<String, Arc<dyn AggregateService>>,
-    clock: &Arc<dyn Clock>,
-    options: &ProcessOptions,
-    config: P::Config,
-) -> Arc<ProcessService> {
+fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<ProcessService> {
     let svc = Arc::new(ProcessService {
         name: P::NAME,
-        store: log.store().clone(),
-        clock: clock.clone(),
+        store: with.log.store().clone(),
+        clock: with.clock.clone(),
         shared: Arc::new(Shared::default()),
     });
-    if log.store_is_cache() {
-        svc.shared.fail(
-            P::NAME,
-            "process managers run on the embedded log only so far: in Kafka mode their state would have to move between instances with the partitions".into(),
-        );
+    if with.log.store_is_cache() {
+        svc.shared.set_remote();
+        let owner = owner::Owner::<P> {
+            log: with.log.clone(),
+            services: with.services.clone(),
+            clock: with.clock.clone(),
+            options: with.options.clone(),
+            config,
+            shared: svc.shared.clone(),
+            target: worker::ChangelogTarget {
+                topic: changelog::topic(with.app, P::NAME),
+                group: changelog::group(with.app, P::NAME),
+                lane: with.lane,
+            },
+        };
+        tokio::spawn(owner.run());
         return svc;
     }
-    match worker::Worker::<P>::new(log, services, clock, options, config, svc.shared.clone()) {
+    match worker::Worker::<P>::new(
+        with.log,
+        with.services,
+        with.clock,
+        with.options,
+        config,
+        svc.shared.clone(),
+        None,
+    ) {
         Ok(w) => {
-            tokio::spawn(w.run());
+            let shared = svc.shared.clone();
+            tokio::spawn(async move {
+                // The embedded log is fail-stop: whatever stopped the worker, it stays stopped.
+                let why = w.run().await;
+                shared.fail(P::NAME, why.to_string());
+            });
         }
         Err(reason) => svc.shared.fail(P::NAME, reason),
     }

@@ -38,6 +38,8 @@ pub enum ProcessState {
     Ready,
     /// Stopped after a fatal error (see `error`); restart after the fix.
     Failed,
+    /// Kafka mode: another instance runs it.
+    Remote,
 }
 
 /// Status shared between a worker and readers (lock-free on the request path).
@@ -51,6 +53,8 @@ pub(crate) struct Shared {
     /// When the worker last looked at the overdue timers, and how many it found.
     pub(super) overdue: AtomicU64,
     pub(super) overdue_checked_ms: AtomicI64,
+    /// The worker's due floor (see `Worker::due_floor`), where overdue counts start.
+    pub(super) due_floor: AtomicI64,
     pub(super) failure: Mutex<Option<String>>,
 }
 
@@ -59,7 +63,20 @@ impl Shared {
         match self.state.load(Ordering::Acquire) {
             0 => ProcessState::CatchingUp,
             1 => ProcessState::Ready,
+            3 => ProcessState::Remote,
             _ => ProcessState::Failed,
+        }
+    }
+
+    pub(crate) fn set_remote(&self) {
+        if self.state() != ProcessState::Failed {
+            self.state.store(3, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn set_catching_up(&self) {
+        if self.state() != ProcessState::Failed {
+            self.state.store(0, Ordering::Release);
         }
     }
 

@@ -8,6 +8,7 @@
 //! only if its reaction was lost with it. Commands are handed over only once durable, and
 //! again (same ids) after a restart until answered.
 
+use super::changelog;
 use super::decide::{self, Command, Prefetched, Step, Timers};
 use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
@@ -16,13 +17,45 @@ use crate::service::AggregateService;
 use eventfold_core::envelope::headers;
 use eventfold_core::process::Subscription;
 use eventfold_core::{ProcessManager, RecordRef};
-use eventfold_log::{CommitUnit, Log};
+use eventfold_log::{Append, CommitUnit, Consumed, Log};
 use eventfold_store::{Batch, Store, TimerRow};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, broadcast, mpsc};
+
+/// Why a worker stopped.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// For good (until a restart after a fix): a reaction failed, a stored row is corrupt.
+    Fatal(String),
+    /// The log failed (Kafka: the broker is away, a transaction failed or was fenced):
+    /// worth starting over from the committed state.
+    Retry(String),
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Self {
+        Stop::Fatal(e)
+    }
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Fatal(e) | Stop::Retry(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Kafka mode: where a worker's changes go besides the local store (see `changelog`).
+#[derive(Debug, Clone)]
+pub(crate) struct ChangelogTarget {
+    pub topic: Arc<str>,
+    pub group: String,
+    pub lane: u32,
+}
 
 /// One partition of a subscribed events topic.
 struct Source {
@@ -36,8 +69,14 @@ struct Source {
     target: u64,
 }
 
+/// How often the lag gauge asks the log for the sources' ends.
+const LAG_EVERY: Duration = Duration::from_secs(1);
+
+/// The fallback poll doubles this many times at most while nothing arrives.
+const IDLE_DOUBLINGS: u32 = 2;
+
 /// The meta entry holding how many timers a process manager has pending.
-fn timers_key(name: &str) -> String {
+pub(crate) fn timers_key(name: &str) -> String {
     format!("pm/{name}/timers")
 }
 
@@ -62,6 +101,10 @@ pub(crate) struct Worker<P: ProcessManager> {
     next_seq: u64,
     timers_pending: u64,
     outstanding: u64,
+    changelog: Option<ChangelogTarget>,
+    /// No pending timer is due before this: timers fire in due order, and one scheduled
+    /// earlier lowers it. Due scans start here (see `Store::due_timers_from`).
+    due_floor: i64,
 }
 
 impl<P: ProcessManager> Worker<P> {
@@ -74,6 +117,7 @@ impl<P: ProcessManager> Worker<P> {
         options: &ProcessOptions,
         config: P::Config,
         shared: Arc<Shared>,
+        changelog: Option<ChangelogTarget>,
     ) -> Result<Self, String> {
         let store = log.store().clone();
         let subs = P::subscriptions();
@@ -120,6 +164,7 @@ impl<P: ProcessManager> Worker<P> {
                 .map_err(|e| format!("cannot count the timers of `{}`: {e}", P::NAME))?,
         };
         shared.timers_pending.store(timers_pending, Ordering::Relaxed);
+        shared.due_floor.store(i64::MIN, Ordering::Relaxed);
         let (answers_tx, answers) = mpsc::unbounded_channel();
         Ok(Self {
             log: log.clone(),
@@ -137,10 +182,13 @@ impl<P: ProcessManager> Worker<P> {
             next_seq,
             timers_pending,
             outstanding: 0,
+            changelog,
+            due_floor: i64::MIN,
         })
     }
 
-    pub(crate) async fn run(mut self) {
+    /// Runs until a failure: the reason, fatal or worth a retry.
+    pub(crate) async fn run(mut self) -> Stop {
         // Every commit of a source wakes the worker (the poll interval bounds the rest).
         let news = Arc::new(Notify::new());
         for mut rx in self.wake.drain(..) {
@@ -155,37 +203,43 @@ impl<P: ProcessManager> Worker<P> {
             });
         }
         if let Err(e) = self.start().await {
-            return self.shared.fail(P::NAME, e);
+            return e;
         }
-        let mut lag_checked = Instant::now();
+        let mut lag_checked: Option<Instant> = None;
+        // Reads in a row that found nothing: the fallback poll slows down (on Kafka each
+        // read at a partition's end owned elsewhere asks the broker).
+        let mut idle = 0u32;
         loop {
             let steps = match self.gather().await {
                 Ok(s) => s,
-                Err(e) => return self.shared.fail(P::NAME, e),
+                Err(e) => return e,
             };
-            if lag_checked.elapsed() >= Duration::from_millis(250) || steps.is_empty() {
+            self.check_ready();
+            if lag_checked.is_none_or(|t| t.elapsed() >= LAG_EVERY) {
                 self.update_lag().await;
-                lag_checked = Instant::now();
+                lag_checked = Some(Instant::now());
             }
             if steps.is_empty() {
-                self.wait(&news).await;
+                idle = idle.saturating_add(1);
+                self.wait(&news, idle).await;
                 continue;
             }
+            idle = 0;
             if let Err(e) = self.step(steps).await {
-                return self.shared.fail(P::NAME, e);
+                return e;
             }
         }
     }
 
     /// Takes the sources' ends (the restore barrier's target) and hands over again what
     /// the outbox holds (commands written before a restart and never answered).
-    async fn start(&mut self) -> Result<(), String> {
+    async fn start(&mut self) -> Result<(), Stop> {
         for s in &mut self.sources {
             s.target = self
                 .log
                 .end_offset(&s.topic, s.partition)
                 .await
-                .map_err(|e| format!("cannot read the end of {}/{}: {e}", s.topic, s.partition))?;
+                .map_err(|e| Stop::Retry(format!("cannot read the end of {}/{}: {e}", s.topic, s.partition)))?;
         }
         let pending = self
             .store
@@ -205,7 +259,7 @@ impl<P: ProcessManager> Worker<P> {
         Ok(())
     }
 
-    fn hand_over(&mut self, seq: u64, command: Command) -> Result<(), String> {
+    fn hand_over(&mut self, seq: u64, command: Command) -> Result<(), Stop> {
         let target = self.services.get(&command.aggregate_type).cloned().ok_or_else(|| {
             format!(
                 "outbox entry {seq} is for aggregate type `{}`, which is not registered",
@@ -219,7 +273,7 @@ impl<P: ProcessManager> Worker<P> {
     }
 
     /// The next batch: answers first, then due timers, then source events.
-    async fn gather(&mut self) -> Result<Vec<Step<P::Event>>, String> {
+    async fn gather(&mut self) -> Result<Vec<Step<P::Event>>, Stop> {
         let max = self.options.max_batch;
         let mut steps = Vec::new();
         let now = self.clock.now_ms();
@@ -239,8 +293,13 @@ impl<P: ProcessManager> Worker<P> {
         if steps.len() < max {
             let due = self
                 .store
-                .due_timers(P::NAME, now, max - steps.len())
+                .due_timers_from(P::NAME, self.due_floor, now, max - steps.len())
                 .map_err(|e| format!("cannot read the due timers: {e}"))?;
+            // Fired by this batch, or by none (the batch failed: the worker stops).
+            if let Some(last) = due.last() {
+                self.due_floor = last.due_ms;
+                self.shared.due_floor.store(self.due_floor, Ordering::Relaxed);
+            }
             steps.extend(due.into_iter().map(|t| Step::Timer {
                 key: t.key,
                 timer: t.timer,
@@ -278,7 +337,7 @@ impl<P: ProcessManager> Worker<P> {
         from: u64,
         max: usize,
         sub: usize,
-    ) -> Result<(Vec<Step<P::Event>>, u64), String> {
+    ) -> Result<(Vec<Step<P::Event>>, u64), Stop> {
         let mut out = Vec::new();
         let mut next = from;
         let mut failed = None;
@@ -325,17 +384,17 @@ impl<P: ProcessManager> Worker<P> {
                 },
             )
             .await
-            .map_err(|e| format!("cannot read {topic}/{partition}: {e}"))?;
+            .map_err(|e| Stop::Retry(format!("cannot read {topic}/{partition}: {e}")))?;
         match failed {
             // An event that does not decode stops the process manager before it: nothing
             // after it is consumed, so it is read again once fixed.
-            Some(e) => Err(e),
+            Some(e) => Err(Stop::Fatal(e)),
             None => Ok((out, next)),
         }
     }
 
     /// Prefetches, decides and commits one batch, then hands over its commands.
-    async fn step(&mut self, mut steps: Vec<Step<P::Event>>) -> Result<(), String> {
+    async fn step(&mut self, mut steps: Vec<Step<P::Event>>) -> Result<(), Stop> {
         decide::correlate::<P>(&mut steps);
         let mut pre = Prefetched::<P>::default();
         for key in decide::keys(&steps) {
@@ -362,14 +421,17 @@ impl<P: ProcessManager> Worker<P> {
         let plan = decide::decide::<P>(steps, pre, &self.config, &|t| services.contains_key(t))?;
 
         let mut batch = Batch::new();
+        let mut records = changelog::Records::new(self.clock.now_ms());
         for (key, state) in &plan.states {
             match state {
                 Some(json) => batch.put_process_state(P::NAME, key, json),
                 None => batch.delete_process_state(P::NAME, key),
             }
+            records.state(key, state.as_deref());
         }
         for (key, timer, due) in &plan.timer_dels {
             batch.delete_timer(P::NAME, key, timer, *due);
+            records.timer(key, timer, None);
         }
         for (key, timer, due_ms, correlation_id) in &plan.timer_puts {
             batch.put_timer(
@@ -381,35 +443,79 @@ impl<P: ProcessManager> Worker<P> {
                     correlation_id: correlation_id.clone(),
                 },
             );
+            records.timer(key, timer, Some((*due_ms, correlation_id)));
         }
         let mut sends = Vec::with_capacity(plan.sends.len());
         for command in plan.sends {
             let seq = self.next_seq;
             self.next_seq += 1;
-            batch.put_outbox(P::NAME, seq, &outbox::encode(&command));
+            let data = outbox::encode(&command);
+            batch.put_outbox(P::NAME, seq, &data);
+            records.outbox(seq, Some(&data));
             sends.push((seq, command));
         }
         for seq in &plan.answered {
             batch.delete_outbox(P::NAME, *seq);
+            records.outbox(*seq, None);
         }
         for s in &self.sources {
             batch.put_meta(&checkpoint_key(P::NAME, &s.topic, s.partition), s.next);
+            records.position(&s.topic, s.partition, s.next);
+        }
+        if let Some(earliest) = plan.timer_puts.iter().map(|t| t.2).min() {
+            self.due_floor = self.due_floor.min(earliest);
+            self.shared.due_floor.store(self.due_floor, Ordering::Relaxed);
         }
         let timers_pending =
             (self.timers_pending + plan.timer_puts.len() as u64).saturating_sub(plan.timer_dels.len() as u64);
         batch.put_meta(&timers_key(P::NAME), timers_pending);
-        // Durable before any command is handed over (I4 for the outbox).
-        self.log
-            .commit(CommitUnit {
-                local: batch,
-                ..CommitUnit::default()
-            })
-            .await
-            .map_err(|e| format!("cannot commit a batch: {e}"))?;
+        records.timers_pending(timers_pending);
+        // Durable before any command is handed over (I4 for the outbox): one fsynced
+        // batch, or in Kafka mode one transaction with the changelog records and the
+        // group's generation (I1: a member the group moved on from cannot commit).
+        let mut unit = CommitUnit {
+            local: batch,
+            ..CommitUnit::default()
+        };
+        if let Some(c) = &self.changelog {
+            unit.lane = Some(c.lane);
+            unit.appends = records
+                .records
+                .into_iter()
+                .map(|record| Append {
+                    topic: c.topic.clone(),
+                    partition: 0,
+                    record,
+                    entity: None,
+                })
+                .collect();
+            unit.consumed.push(Consumed {
+                group: c.group.clone(),
+                topic: c.topic.clone(),
+                partition: 0,
+                next_offset: 0,
+            });
+        }
+        let receipt = self.log.commit(unit).await.map_err(|e| {
+            let why = format!("cannot commit a batch: {e}");
+            if self.changelog.is_some() {
+                Stop::Retry(why)
+            } else {
+                Stop::Fatal(why)
+            }
+        })?;
+        if self.changelog.is_some()
+            && let Some(last) = receipt.offsets.iter().max()
+        {
+            // How far the local store has the changelog (a replay from an earlier point
+            // leaves the same rows).
+            let mut mark = Batch::new();
+            mark.put_meta(&changelog::applied_key(P::NAME), last + 1);
+            let _ = self.log.write_local(mark).await;
+        }
 
         self.outstanding -= plan.answered.len() as u64;
-        self.timers_pending =
-            (self.timers_pending + plan.timer_puts.len() as u64).saturating_sub(plan.timer_dels.len() as u64);
+        self.timers_pending = timers_pending;
         self.shared.timers_pending.store(self.timers_pending, Ordering::Relaxed);
         self.shared.reactions.fetch_add(plan.reactions, Ordering::Relaxed);
         for (seq, command) in sends {
@@ -419,29 +525,32 @@ impl<P: ProcessManager> Worker<P> {
         Ok(())
     }
 
-    /// Source events not read yet; ready once every source is read to its start target.
+    /// Ready (the restore barrier) once every source is read to the end it had at start.
+    fn check_ready(&self) {
+        if self.sources.iter().all(|s| s.next >= s.target) {
+            self.shared.set_ready();
+        }
+    }
+
+    /// Source events not read yet (asks the log for each source partition's end).
     async fn update_lag(&mut self) {
         let mut lag = 0;
-        let mut caught_up = true;
         for s in &self.sources {
-            if s.next < s.target {
-                caught_up = false;
-            }
             if let Ok(end) = self.log.end_offset(&s.topic, s.partition).await {
                 lag += end.saturating_sub(s.next);
             }
         }
         self.shared.lag.store(lag, Ordering::Relaxed);
-        if caught_up {
-            self.shared.set_ready();
-        }
     }
 
     /// Sleeps until a source has news, an answer arrives, the next timer is due, or the
     /// poll interval passes.
-    async fn wait(&mut self, news: &Notify) {
-        let mut sleep = self.options.poll_interval;
-        if let Ok(Some(due)) = self.store.next_timer_due(P::NAME) {
+    async fn wait(&mut self, news: &Notify, idle: u32) {
+        let mut sleep = self
+            .options
+            .poll_interval
+            .saturating_mul(1 << idle.saturating_sub(1).min(IDLE_DOUBLINGS));
+        if let Ok(Some(due)) = self.store.next_timer_due(P::NAME, self.due_floor) {
             let until = due.saturating_sub(self.clock.now_ms()).max(0) as u64;
             sleep = sleep.min(Duration::from_millis(until));
         }
