@@ -177,17 +177,27 @@ impl Store {
     /// Up to `max` timers of `pm` due at or before `now_ms`, earliest first, then by key
     /// and id. Reads only those: the others sort after them.
     pub fn due_timers(&self, pm: &str, now_ms: i64, max: usize) -> Result<Vec<TimerRow>> {
-        self.due_timers_from(pm, i64::MIN, now_ms, max)
+        self.due_timers_from(pm, None, now_ms, max)
     }
 
-    /// As [`Store::due_timers`], of the timers due at or after `from_ms` only. A caller
-    /// that fires timers in due order passes the due time it got to: the scan then seeks
-    /// past the deletions of the timers fired before, instead of stepping over them (in
-    /// an LSM tree a deleted key is read until a compaction drops it).
-    pub fn due_timers_from(&self, pm: &str, from_ms: i64, now_ms: i64, max: usize) -> Result<Vec<TimerRow>> {
+    /// As [`Store::due_timers`], of the timers at or after position `from` (due time,
+    /// key, timer id) only. A caller that fires timers in this order passes the position
+    /// it got to: the scan then seeks past the deletions of the timers fired before,
+    /// instead of stepping over them (in an LSM tree a deleted key is read until a
+    /// compaction drops it, and many timers may share one due millisecond).
+    pub fn due_timers_from(
+        &self,
+        pm: &str,
+        from: Option<(i64, &str, &str)>,
+        now_ms: i64,
+        max: usize,
+    ) -> Result<Vec<TimerRow>> {
         check("process manager", pm)?;
         let p = prefix(b'd', pm);
-        let start = concat(&[&p, &ordered(from_ms)]);
+        let start = match from {
+            Some((due, key, timer)) => due_key(pm, due, key, timer),
+            None => p.clone(),
+        };
         let end = match now_ms.checked_add(1) {
             Some(next) => concat(&[&p, &ordered(next)]),
             None => after_prefix(&p),
@@ -204,15 +214,16 @@ impl Store {
         Ok(out)
     }
 
-    /// The earliest due time among `pm`'s pending timers due at or after `from_ms` (see
+    /// The earliest due time among `pm`'s pending timers at or after position `from` (see
     /// [`Store::due_timers_from`]).
-    pub fn next_timer_due(&self, pm: &str, from_ms: i64) -> Result<Option<i64>> {
+    pub fn next_timer_due(&self, pm: &str, from: Option<(i64, &str, &str)>) -> Result<Option<i64>> {
         check("process manager", pm)?;
         let p = prefix(b'd', pm);
-        let range = (
-            Bound::Included(concat(&[&p, &ordered(from_ms)])),
-            Bound::Excluded(after_prefix(&p)),
-        );
+        let start = match from {
+            Some((due, key, timer)) => due_key(pm, due, key, timer),
+            None => p.clone(),
+        };
+        let range = (Bound::Included(start), Bound::Excluded(after_prefix(&p)));
         match self.table(Table::Process).range(range).next() {
             None => Ok(None),
             Some(kv) => {
@@ -313,13 +324,17 @@ mod tests {
         assert_eq!(due, vec![timer("a", "y", -5), timer("a", "x", 10), timer("b", "x", 30)]);
         assert_eq!(s.due_timers("pm", 30, 2).unwrap().len(), 2);
         assert_eq!(s.due_timers("pm", i64::MAX, 100).unwrap().len(), 4);
-        assert_eq!(s.next_timer_due("pm", i64::MIN).unwrap(), Some(-5));
-        assert_eq!(s.next_timer_due("pm", 11).unwrap(), Some(30));
+        assert_eq!(s.next_timer_due("pm", None).unwrap(), Some(-5));
+        assert_eq!(s.next_timer_due("pm", Some((10, "a", "y"))).unwrap(), Some(30));
         assert_eq!(
-            s.due_timers_from("pm", 10, 30, 100).unwrap(),
+            s.due_timers_from("pm", Some((10, "a", "x")), 30, 100).unwrap(),
             vec![timer("a", "x", 10), timer("b", "x", 30)]
         );
-        assert!(s.due_timers_from("pm", 31, 30, 100).unwrap().is_empty());
+        assert_eq!(
+            s.due_timers_from("pm", Some((10, "a", "xx")), 30, 100).unwrap(),
+            vec![timer("b", "x", 30)]
+        );
+        assert!(s.due_timers_from("pm", Some((31, "", "")), 30, 100).unwrap().is_empty());
         assert_eq!(s.count_timers("pm").unwrap(), 4);
         assert_eq!(
             s.timers_of("pm", "a").unwrap(),
@@ -329,7 +344,7 @@ mod tests {
         let mut b = Batch::new();
         b.delete_timer("pm", "a", "y", -5);
         s.commit(b, false).unwrap();
-        assert_eq!(s.next_timer_due("pm", i64::MIN).unwrap(), Some(10));
+        assert_eq!(s.next_timer_due("pm", None).unwrap(), Some(10));
         assert_eq!(s.timers_of("pm", "a").unwrap(), vec![timer("a", "x", 10)]);
         assert_eq!(s.count_timers("other").unwrap(), 1);
     }

@@ -4,7 +4,10 @@
 //! pending and after they fired, and the firing rate. In-process, embedded log, fsync on.
 //!
 //! `cargo bench -p shop --bench timers -- [--timers 1000000] [--concurrency 64]
-//! [--fsync 1] [--runs 1]`
+//! [--fsync 1] [--runs 1] [--without-pm 1]`
+//!
+//! `--without-pm 1` places the same orders without the process manager and prints the
+//! resident memory then: the timers' share is the difference.
 //!
 //! The resident memory with the timers pending includes the orders' events and states in
 //! the store's memtables (the aggregates' cache is held to 1,000 per partition).
@@ -82,7 +85,7 @@ async fn wait_for(rt: &Runtime, what: &str, limit: Duration, done: impl Fn(u64) 
     }
 }
 
-async fn run(timers: u64, concurrency: u64, fsync: bool) {
+async fn run(timers: u64, concurrency: u64, fsync: bool, without_pm: bool) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     let log = EmbeddedLog::open(
@@ -95,15 +98,19 @@ async fn run(timers: u64, concurrency: u64, fsync: bool) {
     .unwrap();
     let log: Arc<dyn eventfold::log::Log> = Arc::new(log);
     let clock = ManualClock::at(1_700_000_000_000);
-    let rt = Runtime::builder(RuntimeOptions {
+    let builder = Runtime::builder(RuntimeOptions {
         app_id: "bench".into(),
         cache_limit: 1000,
         ..Default::default()
     })
     .clock(Arc::new(clock.clone()))
-    .aggregate::<Order>(())
-    .process_manager::<Alarm>(())
-    .build(log.clone());
+    .aggregate::<Order>(());
+    let builder = if without_pm {
+        builder
+    } else {
+        builder.process_manager::<Alarm>(())
+    };
+    let rt = builder.build(log.clone());
     rt.wait_restored(Duration::from_secs(10)).await;
     let rss_start = rss_mib();
     let svc = rt.aggregate("order").unwrap().clone();
@@ -132,6 +139,17 @@ async fn run(timers: u64, concurrency: u64, fsync: bool) {
         t.await.unwrap();
     }
     let placed = placing.elapsed();
+    if without_pm {
+        // The same orders without the process manager: what the timers add is the
+        // difference to the run with it.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        println!(
+            "{timers} orders without the process manager: placed in {:.1} s; RSS {rss_start:.0} MiB at start, {:.0} MiB after",
+            placed.as_secs_f64(),
+            rss_mib()
+        );
+        return;
+    }
     let armed = wait_for(&rt, "arming", Duration::from_secs(600), |p| p >= timers).await;
     let rss_pending = rss_mib();
     clock.advance(2 * HOUR_MS);
@@ -154,6 +172,7 @@ fn main() {
     let concurrency: u64 = arg("--concurrency", 64);
     let fsync = arg("--fsync", 1u8) != 0;
     let runs: u32 = arg("--runs", 1);
+    let without_pm = arg("--without-pm", 0u8) != 0;
     println!(
         "durable timers, in-process, embedded log, fsync {fsync}, {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -163,6 +182,6 @@ fn main() {
         .build()
         .unwrap();
     for _ in 0..runs {
-        rt.block_on(run(timers, concurrency, fsync));
+        rt.block_on(run(timers, concurrency, fsync, without_pm));
     }
 }

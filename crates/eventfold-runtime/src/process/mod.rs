@@ -84,6 +84,9 @@ pub struct ProcessStateView {
     pub timers: Vec<TimerView>,
 }
 
+/// Overdue timers are counted up to this many.
+const OVERDUE_COUNT_LIMIT: usize = 10_000;
+
 /// One process manager as the HTTP layer sees it.
 pub struct ProcessService {
     name: &'static str,
@@ -108,17 +111,14 @@ impl ProcessService {
     pub fn report(&self) -> ProcessReport {
         let s = &self.shared;
         let now = self.clock.now_ms();
-        // Counting overdue timers reads them: at most once a second, and at most 100,000.
+        // Counting overdue timers reads them: at most once a second, up to OVERDUE_COUNT_LIMIT.
         if now.saturating_sub(s.overdue_checked_ms.load(Ordering::Relaxed)) >= 1000 {
             s.overdue_checked_ms.store(now, Ordering::Relaxed);
+            let floor = s.due_floor.lock().expect("not poisoned").clone();
+            let from = floor.as_ref().map(|(d, k, t)| (*d, k.as_str(), t.as_str()));
             let n = self
                 .store
-                .due_timers_from(
-                    self.name,
-                    s.due_floor.load(Ordering::Relaxed),
-                    now.saturating_sub(1000),
-                    100_000,
-                )
+                .due_timers_from(self.name, from, now.saturating_sub(1000), OVERDUE_COUNT_LIMIT)
                 .map_or(0, |t| t.len() as u64);
             s.overdue.store(n, Ordering::Relaxed);
         }

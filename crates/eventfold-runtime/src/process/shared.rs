@@ -54,7 +54,7 @@ pub(crate) struct Shared {
     pub(super) overdue: AtomicU64,
     pub(super) overdue_checked_ms: AtomicI64,
     /// The worker's due floor (see `Worker::due_floor`), where overdue counts start.
-    pub(super) due_floor: AtomicI64,
+    pub(super) due_floor: Mutex<Option<(i64, String, String)>>,
     pub(super) failure: Mutex<Option<String>>,
 }
 

@@ -102,9 +102,10 @@ pub(crate) struct Worker<P: ProcessManager> {
     timers_pending: u64,
     outstanding: u64,
     changelog: Option<ChangelogTarget>,
-    /// No pending timer is due before this: timers fire in due order, and one scheduled
-    /// earlier lowers it. Due scans start here (see `Store::due_timers_from`).
-    due_floor: i64,
+    /// No pending timer sorts before this position (due time, key, timer id): timers fire
+    /// in that order, and one scheduled before it moves it back. Due scans start here
+    /// (see `Store::due_timers_from`).
+    due_floor: Option<(i64, String, String)>,
 }
 
 impl<P: ProcessManager> Worker<P> {
@@ -164,7 +165,6 @@ impl<P: ProcessManager> Worker<P> {
                 .map_err(|e| format!("cannot count the timers of `{}`: {e}", P::NAME))?,
         };
         shared.timers_pending.store(timers_pending, Ordering::Relaxed);
-        shared.due_floor.store(i64::MIN, Ordering::Relaxed);
         let (answers_tx, answers) = mpsc::unbounded_channel();
         Ok(Self {
             log: log.clone(),
@@ -183,7 +183,7 @@ impl<P: ProcessManager> Worker<P> {
             timers_pending,
             outstanding: 0,
             changelog,
-            due_floor: i64::MIN,
+            due_floor: None,
         })
     }
 
@@ -293,12 +293,12 @@ impl<P: ProcessManager> Worker<P> {
         if steps.len() < max {
             let due = self
                 .store
-                .due_timers_from(P::NAME, self.due_floor, now, max - steps.len())
+                .due_timers_from(P::NAME, self.floor(), now, max - steps.len())
                 .map_err(|e| format!("cannot read the due timers: {e}"))?;
             // Fired by this batch, or by none (the batch failed: the worker stops).
             if let Some(last) = due.last() {
-                self.due_floor = last.due_ms;
-                self.shared.due_floor.store(self.due_floor, Ordering::Relaxed);
+                self.due_floor = Some((last.due_ms, last.key.clone(), last.timer.clone()));
+                *self.shared.due_floor.lock().expect("not poisoned") = self.due_floor.clone();
             }
             steps.extend(due.into_iter().map(|t| Step::Timer {
                 key: t.key,
@@ -462,9 +462,12 @@ impl<P: ProcessManager> Worker<P> {
             batch.put_meta(&checkpoint_key(P::NAME, &s.topic, s.partition), s.next);
             records.position(&s.topic, s.partition, s.next);
         }
-        if let Some(earliest) = plan.timer_puts.iter().map(|t| t.2).min() {
-            self.due_floor = self.due_floor.min(earliest);
-            self.shared.due_floor.store(self.due_floor, Ordering::Relaxed);
+        let earliest = plan.timer_puts.iter().map(|(k, t, due, _)| (*due, k, t)).min();
+        if let (Some((due, key, timer)), Some(floor)) = (earliest, &self.due_floor)
+            && (due, key, timer) < (floor.0, &floor.1, &floor.2)
+        {
+            self.due_floor = Some((due, key.clone(), timer.clone()));
+            *self.shared.due_floor.lock().expect("not poisoned") = self.due_floor.clone();
         }
         let timers_pending =
             (self.timers_pending + plan.timer_puts.len() as u64).saturating_sub(plan.timer_dels.len() as u64);
@@ -525,6 +528,11 @@ impl<P: ProcessManager> Worker<P> {
         Ok(())
     }
 
+    /// [`Worker::due_floor`] as the store takes it.
+    fn floor(&self) -> Option<(i64, &str, &str)> {
+        self.due_floor.as_ref().map(|(d, k, t)| (*d, k.as_str(), t.as_str()))
+    }
+
     /// Ready (the restore barrier) once every source is read to the end it had at start.
     fn check_ready(&self) {
         if self.sources.iter().all(|s| s.next >= s.target) {
@@ -550,7 +558,7 @@ impl<P: ProcessManager> Worker<P> {
             .options
             .poll_interval
             .saturating_mul(1 << idle.saturating_sub(1).min(IDLE_DOUBLINGS));
-        if let Ok(Some(due)) = self.store.next_timer_due(P::NAME, self.due_floor) {
+        if let Ok(Some(due)) = self.store.next_timer_due(P::NAME, self.floor()) {
             let until = due.saturating_sub(self.clock.now_ms()).max(0) as u64;
             sleep = sleep.min(Duration::from_millis(until));
         }
