@@ -212,7 +212,8 @@ impl<'a> RecordRef<'a> {
     }
 }
 
-/// An event as the HTTP API shows it: `{version, type, id, command_id, timestamp, payload}`.
+/// An event as the HTTP API shows it: `{version, type, id, command_id, correlation_id,
+/// causation_id, timestamp, payload}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EventView {
     /// 1-based version of the aggregate after this event.
@@ -224,6 +225,13 @@ pub struct EventView {
     pub id: String,
     /// The command that produced it.
     pub command_id: String,
+    /// The correlation id it carries (`ef-correlation-id`): the same along a whole flow.
+    #[serde(default)]
+    pub correlation_id: String,
+    /// What caused it (`ef-causation-id`): its command's id, or for a command a process
+    /// manager sent, the id of the event it reacted to.
+    #[serde(default)]
+    pub causation_id: String,
     /// RFC 3339 timestamp of the command record.
     pub timestamp: String,
     /// The event document as the aggregate serialized it.

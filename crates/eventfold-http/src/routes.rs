@@ -166,6 +166,7 @@ async fn post_command(
         idempotency_key: header_str(&headers, "idempotency-key")?.map(str::to_owned),
         expected_version: if_match(&headers)?,
         correlation_id: header_str(&headers, "x-correlation-id")?.map(str::to_owned),
+        causation_id: None,
     };
     match svc.submit(request).await? {
         Outcome::Accepted(a) => Ok((StatusCode::OK, axum::Json(a)).into_response()),
@@ -342,7 +343,10 @@ async fn readyz(State(app): State<App>) -> Result<axum::Json<serde_json::Value>,
         .filter(|p| !matches!(p.state, PartitionState::Ready | PartitionState::Remote))
         .collect();
     let views_not_ready: Vec<_> = views.iter().filter(|v| v.state != ViewState::Ready).collect();
-    let processes_not_ready: Vec<_> = processes.iter().filter(|p| p.state != ProcessState::Ready).collect();
+    let processes_not_ready: Vec<_> = processes
+        .iter()
+        .filter(|p| !matches!(p.state, ProcessState::Ready | ProcessState::Remote))
+        .collect();
     let joined = app.runtime.has_joined();
     if joined && not_ready.is_empty() && views_not_ready.is_empty() && processes_not_ready.is_empty() {
         let owned = parts.iter().filter(|p| p.state != PartitionState::Remote).count();

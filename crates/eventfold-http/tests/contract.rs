@@ -402,9 +402,20 @@ async fn get_events_reads_from_version_and_400s_on_bad_query() {
         .map(|e| e["version"].as_u64().unwrap())
         .collect();
     assert_eq!(versions, vec![1, 2, 3, 4, 5]);
-    for key in ["version", "type", "id", "command_id", "timestamp", "payload"] {
+    for key in [
+        "version",
+        "type",
+        "id",
+        "command_id",
+        "correlation_id",
+        "causation_id",
+        "timestamp",
+        "payload",
+    ] {
         assert!(b[0].get(key).is_some(), "event has {key}: {}", b[0]);
     }
+    // Without a process manager in between, an event's cause is its command.
+    assert_eq!(b[0]["causation_id"], b[0]["command_id"], "{}", b[0]);
     let (_, _, b) = s.get("/v1/aggregates/counter/c-5/events?from_version=4").await;
     assert_eq!(
         b.as_array()

@@ -24,6 +24,8 @@ pub(crate) struct Job<A: Aggregate> {
     pub aggregate_id: String,
     pub command_id: String,
     pub correlation_id: String,
+    /// What caused the command (its events' `ef-causation-id`); `None`: the command id.
+    pub causation_id: Option<String>,
     /// The decoded command, or why a record of the commands topic did not decode.
     pub command: std::result::Result<A::Command, eventfold_core::Error>,
     pub expected_version: Option<u64>,
@@ -1034,6 +1036,7 @@ impl<A: Aggregate> Processor<A> {
                                         aggregate: &job.aggregate_id,
                                         command: &job.command_id,
                                         correlation: &job.correlation_id,
+                                        causation: job.causation_id.as_deref().unwrap_or(&job.command_id),
                                     },
                                     entry.version,
                                     event,
@@ -1393,6 +1396,7 @@ struct Ids<'a> {
     aggregate: &'a str,
     command: &'a str,
     correlation: &'a str,
+    causation: &'a str,
 }
 
 /// The event record (with every contract header) and its API view.
@@ -1420,13 +1424,15 @@ fn event_record<A: Aggregate>(
     .with_header(headers::VERSION, version.to_string())
     .with_header(headers::COMMAND_ID, ids.command.as_bytes())
     .with_header(headers::CORRELATION_ID, ids.correlation.as_bytes())
-    .with_header(headers::CAUSATION_ID, ids.command.as_bytes())
+    .with_header(headers::CAUSATION_ID, ids.causation.as_bytes())
     .with_header(headers::CONTENT_TYPE, "application/json");
     let view = EventView {
         version,
         event_type,
         id: event_id,
         command_id: ids.command.to_owned(),
+        correlation_id: ids.correlation.to_owned(),
+        causation_id: ids.causation.to_owned(),
         timestamp: rfc3339_ms(now),
         payload,
     };

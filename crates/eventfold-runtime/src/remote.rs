@@ -112,6 +112,9 @@ impl Requester {
         )
         .with_header(headers::REPLY_PARTITION, self.reply_partition.to_string())
         .with_header(headers::CONTENT_TYPE, "application/json");
+        if let Some(c) = &req.causation_id {
+            record = record.with_header(headers::CAUSATION_ID, c.as_str());
+        }
         if let Some(v) = req.expected_version {
             record = record.with_header(headers::EXPECTED_VERSION, v.to_string());
         }

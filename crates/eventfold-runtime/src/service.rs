@@ -28,6 +28,9 @@ pub struct CommandRequest {
     pub expected_version: Option<u64>,
     /// Correlation id to carry on the events.
     pub correlation_id: Option<String>,
+    /// What caused the command (`ef-causation-id` on its events; absent: the command id).
+    /// A process manager sets the id of the event it reacted to.
+    pub causation_id: Option<String>,
 }
 
 /// The state of one aggregate: `{id, version, state}`.
@@ -179,6 +182,8 @@ pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
             .to_owned(),
         id: r.header_str(headers::ID).unwrap_or_default().to_owned(),
         command_id: r.header_str(headers::COMMAND_ID).unwrap_or_default().to_owned(),
+        correlation_id: r.header_str(headers::CORRELATION_ID).unwrap_or_default().to_owned(),
+        causation_id: r.header_str(headers::CAUSATION_ID).unwrap_or_default().to_owned(),
         timestamp: rfc3339_ms(r.timestamp_ms),
         payload,
     })
@@ -244,6 +249,7 @@ impl<A: Aggregate> TypedService<A> {
         let job = Job {
             aggregate_id: req.aggregate_id,
             correlation_id: req.correlation_id.unwrap_or_else(|| command_id.clone()),
+            causation_id: req.causation_id,
             command_id,
             command: Ok(command),
             expected_version: req.expected_version,

@@ -239,6 +239,7 @@ fn job<A: Aggregate>(topic: &str, partition: u32, partitions: u32, offset: u64, 
             .header_str(headers::CORRELATION_ID)
             .map(str::to_owned)
             .unwrap_or_else(|| command_id.clone()),
+        causation_id: r.header_str(headers::CAUSATION_ID).map(str::to_owned),
         command_id,
         command,
         expected_version: r.header_str(headers::EXPECTED_VERSION).and_then(|v| v.parse().ok()),

@@ -159,8 +159,18 @@ fn the_shops_flows(url: &str, prefix: &str) {
     assert_eq!(types(&payment), ["PaymentAuthorized"]);
     assert_eq!(payment[0]["payload"]["order_id"], o("paid").as_str());
     assert_eq!(payment[0]["payload"]["amount_cents"], 500);
-    // The flow's commands carry deterministic ids and the trigger's correlation id.
+    // The flow's commands carry deterministic ids; their events carry the flow's
+    // correlation id (the confirmation's) and, as causation, the event reacted to.
     let ship = &order[2];
+    let confirmed = &order[1];
+    assert_eq!(ship["correlation_id"], confirmed["correlation_id"], "{ship}");
+    assert_eq!(
+        payment[0]["correlation_id"], confirmed["correlation_id"],
+        "{}",
+        payment[0]
+    );
+    assert_eq!(payment[0]["causation_id"], confirmed["id"], "{}", payment[0]);
+    assert_eq!(ship["causation_id"], payment[0]["id"], "{ship}");
     assert!(
         ship["command_id"].as_str().unwrap().starts_with("order_flow:"),
         "{ship}"

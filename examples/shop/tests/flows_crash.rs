@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 const ORDERS: u64 = 160;
 const CLIENTS: u64 = 4;
 const KILLS: u32 = 20;
+/// Kills of the Kafka variant (each restart restores from the broker: slower).
+const KAFKA_KILLS: u32 = 12;
 const DECLINE_ABOVE: u64 = 10_000;
 const EXPIRY_SECS: &str = "2";
 
@@ -116,32 +118,74 @@ async fn client(i: u64, seed: u64, http: reqwest::Client, base: Arc<RwLock<Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_order_flow_survives_sigkills_exactly_once() {
+    crash_run(None).await;
+}
+
+/// Kafka mode, two instances of one app: one or the other is SIGKILLed and restarted
+/// (once kept down past the session timeout, so the group moves its partitions and
+/// perhaps the order flow to the other, and back); the same checks, plus an independent
+/// read_committed consumer over the events topics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_order_flow_survives_sigkills_exactly_once_on_kafka() {
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("flowcrash{}", rand::random::<u32>());
+    crash_run(Some((bootstrap, app))).await;
+}
+
+async fn crash_run(kafka: Option<(String, String)>) {
     let seed = std::env::var("FLOWS_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random::<u64>);
     eprintln!("flows crash test: FLOWS_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().unwrap();
     let limit = DECLINE_ABOVE.to_string();
-    let args = [
+    let mut args: Vec<String> = [
         "--order-expiry-secs",
         EXPIRY_SECS,
         "--decline-above-cents",
         &limit,
         "--partitions",
         "4",
-    ];
-    let start = |dir: &std::path::Path| {
-        let dir = dir.to_owned();
-        let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some((bootstrap, app)) = &kafka {
+        args.extend(
+            [
+                "--kafka",
+                bootstrap,
+                "--app-id",
+                app,
+                "--kafka-session-timeout-secs",
+                "6",
+            ]
+            .map(str::to_owned),
+        );
+    }
+    // One instance on the embedded log, two on Kafka (each its own id and directory).
+    let instances = if kafka.is_some() { 2 } else { 1 };
+    let dirs: Vec<tempfile::TempDir> = (0..instances).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start = |i: usize| {
+        let dir = dirs[i].path().to_owned();
+        let mut args = args.clone();
+        if kafka.is_some() {
+            args.extend(["--instance-id".to_owned(), format!("i{i}")]);
+        }
         tokio::task::spawn_blocking(move || {
             let a: Vec<&str> = args.iter().map(String::as_str).collect();
             common::start(&dir, &a)
         })
     };
-    let (mut shop, url, _) = start(dir.path()).await.unwrap();
-    let base = Arc::new(RwLock::new(url));
+    let mut shops = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..instances {
+        let (shop, url, _) = start(i).await.unwrap();
+        shops.push(Some(shop));
+        urls.push(url);
+    }
+    let base = Arc::new(RwLock::new(urls[0].clone()));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(15))
         .build()
@@ -150,14 +194,22 @@ async fn the_order_flow_survives_sigkills_exactly_once() {
         .map(|i| tokio::spawn(client(i, seed, http.clone(), base.clone())))
         .collect();
 
-    let mut kills = 0;
-    while kills < KILLS {
+    let kills = if kafka.is_some() { KAFKA_KILLS } else { KILLS };
+    for k in 0..kills {
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
-        drop(shop); // SIGKILL and reap
-        kills += 1;
-        let (s, url, _) = start(dir.path()).await.unwrap();
-        shop = s;
-        *base.write().unwrap() = url;
+        let victim = rng.random_range(0..instances);
+        // Clients go to the other instance meanwhile (on Kafka it forwards or sends
+        // through the commands topic).
+        *base.write().unwrap() = urls[(victim + 1) % instances].clone();
+        drop(shops[victim].take()); // SIGKILL and reap
+        if kafka.is_some() && k == kills / 2 {
+            // Down past the session timeout: the group rebalances its partitions away.
+            tokio::time::sleep(Duration::from_secs(8)).await;
+        }
+        let (s, url, _) = start(victim).await.unwrap();
+        shops[victim] = Some(s);
+        urls[victim] = url;
+        *base.write().unwrap() = urls[victim].clone();
     }
     let mut placed = Vec::new();
     for c in clients {
@@ -165,9 +217,11 @@ async fn the_order_flow_survives_sigkills_exactly_once() {
     }
     assert_eq!(placed.len() as u64, ORDERS);
     // Once more after the load, then let every flow finish (expiries included).
-    drop(shop);
-    let (_shop, url, _) = start(dir.path()).await.unwrap();
-    eprintln!("flows crash test: {kills} kills under load, one after");
+    drop(shops[0].take());
+    let (shop, url, _) = start(0).await.unwrap();
+    shops[0] = Some(shop);
+    urls[0] = url.clone();
+    eprintln!("flows crash test: {kills} kills under load, one after ({instances} instance(s))");
 
     let mut failures = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -240,22 +294,87 @@ async fn the_order_flow_survives_sigkills_exactly_once() {
         "the mix needs both kinds: {expired} expired"
     );
 
-    // Nothing left over once every flow has ended.
-    let settle = Instant::now() + Duration::from_secs(10);
-    loop {
-        let metrics = http
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let zero = |g: &str| metrics.contains(&format!("eventfold_process_manager_{g}{{name=\"order_flow\"}} 0\n"));
-        if zero("timers_pending") && zero("commands_outstanding") {
-            break;
-        }
-        assert!(Instant::now() < settle, "the order flow kept work pending:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Some((bootstrap, app)) = &kafka {
+        let failures = check_topics(bootstrap, app, &placed);
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
+
+    // Nothing left over once every flow has ended (an instance that does not run the
+    // order flow reports zeros).
+    let settle = Instant::now() + Duration::from_secs(10);
+    for url in &urls {
+        loop {
+            let metrics = http
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let zero = |g: &str| metrics.contains(&format!("eventfold_process_manager_{g}{{name=\"order_flow\"}} 0\n"));
+            if zero("timers_pending") && zero("commands_outstanding") {
+                break;
+            }
+            assert!(Instant::now() < settle, "the order flow kept work pending:\n{metrics}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    drop(shops);
+}
+
+/// Reads the events topics with an independent `read_committed` consumer: no command
+/// wrote events twice, and every reaction of the order flow has its cause (the event its
+/// `ef-causation-id` names, of the right type and order).
+fn check_topics(bootstrap: &str, app: &str, placed: &[Placed]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let orders = common::read_committed(bootstrap, &format!("{app}.order.events"), 4);
+    let payments = common::read_committed(bootstrap, &format!("{app}.payment.events"), 4);
+    let mut by_command: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut by_id: std::collections::HashMap<&str, (&str, &Value)> = std::collections::HashMap::new();
+    for (key, h, v) in orders.iter().chain(&payments) {
+        *by_command.entry(h["ef-command-id"].as_str()).or_default() += 1;
+        by_id.insert(h["ef-id"].as_str(), (key.as_str(), v));
+    }
+    for (command, n) in &by_command {
+        if *n != 1 {
+            failures.push(format!(
+                "command {command} wrote {n} events (each command here writes one)"
+            ));
+        }
+    }
+    let cause_of = |h: &std::collections::HashMap<String, String>| by_id.get(h["ef-causation-id"].as_str()).copied();
+    for (key, h, v) in payments.iter() {
+        match cause_of(h) {
+            Some((order, cause)) if cause["type"] == "OrderConfirmed" && format!("pay-{order}") == *key => {}
+            other => failures.push(format!("payment event of {key} ({}) caused by {other:?}", v["type"])),
+        }
+    }
+    for (key, h, v) in orders.iter() {
+        let expected = match (v["type"].as_str(), v["reason"].as_str()) {
+            (Some("OrderShipped"), _) => "PaymentAuthorized",
+            (Some("OrderCancelled"), Some("payment_declined")) => "PaymentDeclined",
+            _ => continue,
+        };
+        match cause_of(h) {
+            Some((payment, cause)) if cause["type"] == expected && payment == format!("pay-{key}") => {}
+            other => failures.push(format!(
+                "{} of {key} caused by {other:?}, expected a {expected}",
+                v["type"]
+            )),
+        }
+    }
+    let confirmed = placed.iter().filter(|p| p.confirmed).count();
+    if payments.len() != confirmed {
+        failures.push(format!(
+            "{} payment events for {confirmed} confirmed orders",
+            payments.len()
+        ));
+    }
+    failures
 }

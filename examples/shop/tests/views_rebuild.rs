@@ -284,6 +284,7 @@ async fn send(runtime: &Runtime, ty: &str, id: &str, body: Value) -> Option<Posi
             idempotency_key: None,
             expected_version: None,
             correlation_id: None,
+            causation_id: None,
         })
         .await
         .unwrap();

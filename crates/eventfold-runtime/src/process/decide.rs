@@ -21,6 +21,10 @@ pub(crate) struct Command {
     pub body: String,
     /// The correlation id of the input that caused it.
     pub correlation_id: String,
+    /// The id of the event that caused it (`None` for a timer or an outcome: the
+    /// command's own id stands in).
+    #[serde(default)]
+    pub causation_id: Option<String>,
 }
 
 /// One input of a batch.
@@ -262,6 +266,10 @@ pub(crate) fn decide<P: ProcessManager>(
                         command_id,
                         body: command.to_string(),
                         correlation_id: correlation.clone(),
+                        causation_id: match &trigger_id {
+                            TriggerId::Event(id) => Some(id.clone()),
+                            TriggerId::Timer(..) | TriggerId::Outcome(_) => None,
+                        },
                     });
                 }
                 Action::Schedule { timer, due_ms } => {
@@ -429,6 +437,7 @@ mod tests {
         assert_eq!((s.key.as_str(), s.aggregate_id.as_str()), ("a", "target-a"));
         assert_eq!(s.command_id, "counter:ev-a-3:0");
         assert_eq!(s.correlation_id, "corr-a");
+        assert_eq!(s.causation_id.as_deref(), Some("ev-a-3"));
         assert_eq!(plan.timer_puts, vec![("a".into(), "t".into(), 4_000, "corr-a".into())]);
         assert!(plan.timer_dels.is_empty());
         // The same inputs again: the same plan (ids included).
@@ -478,6 +487,7 @@ mod tests {
             command_id: "counter:ev-a-3:0".into(),
             body: "{}".into(),
             correlation_id: "corr-a".into(),
+            causation_id: None,
         };
         let outcome = Step::Outcome {
             seq: 9,

@@ -19,6 +19,7 @@
 
 mod changelog;
 mod decide;
+mod feed;
 mod outbox;
 mod owner;
 mod shared;

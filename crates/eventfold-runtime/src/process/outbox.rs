@@ -51,6 +51,7 @@ pub(crate) async fn deliver(
             idempotency_key: Some(command.command_id.clone()),
             expected_version: None,
             correlation_id: Some(command.correlation_id.clone()),
+            causation_id: command.causation_id.clone(),
         };
         match target.submit(request).await {
             Ok(Outcome::Accepted(a)) => break Ok(a.version),

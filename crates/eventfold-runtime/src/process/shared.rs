@@ -68,9 +68,13 @@ impl Shared {
         }
     }
 
+    /// Another instance runs it: its gauges are the owner's to report.
     pub(crate) fn set_remote(&self) {
         if self.state() != ProcessState::Failed {
             self.state.store(3, Ordering::Release);
+        }
+        for gauge in [&self.lag, &self.timers_pending, &self.outstanding, &self.overdue] {
+            gauge.store(0, Ordering::Relaxed);
         }
     }
 

@@ -10,6 +10,7 @@
 
 use super::changelog;
 use super::decide::{self, Command, Prefetched, Step, Timers};
+use super::feed::Feed;
 use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
 use crate::clock::Clock;
@@ -24,6 +25,37 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, broadcast, mpsc};
+
+/// Decodes the event at `offset` of `topic`/`partition` for subscription `sub`.
+fn decode_event<E: 'static>(
+    sub: &Subscription<E>,
+    topic: &str,
+    partition: u32,
+    offset: u64,
+    r: RecordRef<'_>,
+) -> Result<Step<E>, String> {
+    let at = || format!("event {topic}/{partition}@{offset}");
+    let event = sub.decode(r.value).map_err(|e| format!("{}: {e}", at()))?;
+    let text = |h: &str| r.header_str(h).unwrap_or_default().to_owned();
+    Ok(Step::Event {
+        event,
+        aggregate_type: sub.aggregate_type(),
+        aggregate_id: r
+            .header_str(headers::AGGREGATE_ID)
+            .or_else(|| std::str::from_utf8(r.key).ok())
+            .ok_or_else(|| format!("{} has no aggregate id", at()))?
+            .to_owned(),
+        version: r.header_str(headers::VERSION).and_then(|v| v.parse().ok()).unwrap_or(0),
+        // Without an id (a record from another writer), its position stands in.
+        event_id: r
+            .header_str(headers::ID)
+            .map_or_else(|| format!("{topic}/{partition}@{offset}"), str::to_owned),
+        event_type: text(headers::TYPE),
+        timestamp_ms: r.timestamp_ms,
+        correlation_id: text(headers::CORRELATION_ID),
+        key: None,
+    })
+}
 
 /// Why a worker stopped.
 #[derive(Debug)]
@@ -106,6 +138,8 @@ pub(crate) struct Worker<P: ProcessManager> {
     /// in that order, and one scheduled before it moves it back. Due scans start here
     /// (see `Store::due_timers_from`).
     due_floor: Option<(i64, String, String)>,
+    /// Kafka mode: the sources' records, pushed (see `feed`); `None`: read by polling.
+    feed: Option<Feed>,
 }
 
 impl<P: ProcessManager> Worker<P> {
@@ -184,6 +218,7 @@ impl<P: ProcessManager> Worker<P> {
             outstanding: 0,
             changelog,
             due_floor: None,
+            feed: None,
         })
     }
 
@@ -205,6 +240,17 @@ impl<P: ProcessManager> Worker<P> {
         if let Err(e) = self.start().await {
             return e;
         }
+        if self.changelog.is_some() {
+            let sources: Vec<_> = self
+                .sources
+                .iter()
+                .map(|s| (s.topic.clone(), s.partition, s.next))
+                .collect();
+            match Feed::start(&self.log, &sources, &news).await {
+                Ok(feed) => self.feed = Some(feed),
+                Err(e) => return Stop::Retry(e),
+            }
+        }
         let mut lag_checked: Option<Instant> = None;
         // Reads in a row that found nothing: the fallback poll slows down (on Kafka each
         // read at a partition's end owned elsewhere asks the broker).
@@ -218,6 +264,9 @@ impl<P: ProcessManager> Worker<P> {
             if lag_checked.is_none_or(|t| t.elapsed() >= LAG_EVERY) {
                 self.update_lag().await;
                 lag_checked = Some(Instant::now());
+            }
+            if steps.is_empty() && !self.probe_ends().await {
+                return Stop::Retry("cannot read the sources' ends".into());
             }
             if steps.is_empty() {
                 idle = idle.saturating_add(1);
@@ -310,6 +359,19 @@ impl<P: ProcessManager> Worker<P> {
         if self.outstanding as usize >= self.options.max_outstanding {
             return Ok(steps);
         }
+        if let Some(feed) = self.feed.as_mut() {
+            for (i, offset, record) in feed.take(max - steps.len()) {
+                let s = &self.sources[i];
+                if offset < s.next {
+                    continue; // delivered again (a follower restarted): already consumed
+                }
+                let step = decode_event(&self.subs[s.sub], &s.topic, s.partition, offset, record.as_record_ref())
+                    .map_err(Stop::Fatal)?;
+                steps.push(step);
+                self.sources[i].next = offset + 1;
+            }
+            return Ok(steps);
+        }
         // Events: each partition in turn, a share of the batch each, so that a backlog on
         // one does not starve the others.
         let share = (max / self.sources.len().max(1)).max(16);
@@ -341,30 +403,7 @@ impl<P: ProcessManager> Worker<P> {
         let mut out = Vec::new();
         let mut next = from;
         let mut failed = None;
-        let aggregate_type = self.subs[sub].aggregate_type();
-        let decode = |offset: u64, r: RecordRef<'_>| -> Result<Step<P::Event>, String> {
-            let at = || format!("event {topic}/{partition}@{offset}");
-            let event = self.subs[sub].decode(r.value).map_err(|e| format!("{}: {e}", at()))?;
-            let text = |h: &str| r.header_str(h).unwrap_or_default().to_owned();
-            Ok(Step::Event {
-                event,
-                aggregate_type,
-                aggregate_id: r
-                    .header_str(headers::AGGREGATE_ID)
-                    .or_else(|| std::str::from_utf8(r.key).ok())
-                    .ok_or_else(|| format!("{} has no aggregate id", at()))?
-                    .to_owned(),
-                version: r.header_str(headers::VERSION).and_then(|v| v.parse().ok()).unwrap_or(0),
-                // Without an id (a record from another writer), its position stands in.
-                event_id: r
-                    .header_str(headers::ID)
-                    .map_or_else(|| format!("{topic}/{partition}@{offset}"), str::to_owned),
-                event_type: text(headers::TYPE),
-                timestamp_ms: r.timestamp_ms,
-                correlation_id: text(headers::CORRELATION_ID),
-                key: None,
-            })
-        };
+        let decode = |offset: u64, r: RecordRef<'_>| decode_event(&self.subs[sub], topic, partition, offset, r);
         self.log
             .read_with(
                 topic,
@@ -538,6 +577,30 @@ impl<P: ProcessManager> Worker<P> {
         if self.sources.iter().all(|s| s.next >= s.target) {
             self.shared.set_ready();
         }
+    }
+
+    /// With nothing to read: a source below the end it had at start whose next read finds
+    /// nothing has reached it (on Kafka the offsets after the last record hold
+    /// transaction markers, never read). Only until ready. False when the log failed.
+    async fn probe_ends(&mut self) -> bool {
+        for i in 0..self.sources.len() {
+            let (topic, partition, next, target) = {
+                let s = &self.sources[i];
+                (s.topic.clone(), s.partition, s.next, s.target)
+            };
+            if next >= target {
+                continue;
+            }
+            match self.log.read(&topic, partition, next, 1).await {
+                Ok(records) if records.is_empty() => self.sources[i].target = next,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(process_manager = P::NAME, error = %e, "cannot read {topic}/{partition}");
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Source events not read yet (asks the log for each source partition's end).
