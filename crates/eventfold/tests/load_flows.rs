@@ -229,7 +229,7 @@ async fn every_flow_completes_closed_loop_and_at_a_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flows_that_never_ship_time_out_and_fail_the_run() {
-    let shop = start_shop("no-flow", &["--no-order-flow"]).await;
+    let shop = start_shop("no-flow", &["--no-process-managers"]).await;
 
     let summary = flows::run(FlowOptions {
         flow_timeout: Duration::from_millis(300),

@@ -1,6 +1,6 @@
 //! Wiring: options -> store -> log -> runtime -> HTTP server.
 
-use crate::domain::{Customer, FlowConfig, Order, OrderFlow, Payment, PaymentConfig};
+use crate::domain::{Customer, CustomerOrders, FlowConfig, Order, OrderFlow, Payment, PaymentConfig};
 use crate::views::{CustomersView, OrdersView};
 use anyhow::{Context as _, bail};
 use eventfold::Projection;
@@ -57,10 +57,11 @@ pub struct ServeOptions {
     /// Seconds an order may stay `placed` before the order flow cancels it as expired.
     #[arg(long, env = "EVENTFOLD_ORDER_EXPIRY_SECS", default_value_t = 3600)]
     pub order_expiry_secs: u64,
-    /// Do not run the order flow (process manager `order_flow`): orders then only change
-    /// through the commands clients send.
-    #[arg(long, env = "EVENTFOLD_NO_ORDER_FLOW")]
-    pub no_order_flow: bool,
+    /// Do not run the shop's process managers (the order flow `order_flow` and the
+    /// cascading delete `customer_orders`): orders then change only through the commands
+    /// clients send.
+    #[arg(long, env = "EVENTFOLD_NO_PROCESS_MANAGERS")]
+    pub no_process_managers: bool,
     /// Seconds a command may wait for its outcome before 504.
     #[arg(long, env = "EVENTFOLD_COMMAND_TIMEOUT_SECS", default_value_t = 10)]
     pub command_timeout_secs: u64,
@@ -335,13 +336,16 @@ pub fn build(opts: &ServeOptions) -> anyhow::Result<Shop> {
             decline_above_cents: opts.decline_above_cents,
         })
         .aggregate::<Customer>(());
-    // The order flow: payment on confirm, ship when paid, cancel when declined, expiry.
-    let builder = if opts.no_order_flow {
+    // The order flow (payment on confirm, ship when paid, cancel when declined, expiry)
+    // and the cascading delete of a deleted customer's orders.
+    let builder = if opts.no_process_managers {
         builder
     } else {
-        builder.process_manager::<OrderFlow>(FlowConfig {
-            order_expiry: Duration::from_secs(opts.order_expiry_secs),
-        })
+        builder
+            .process_manager::<OrderFlow>(FlowConfig {
+                order_expiry: Duration::from_secs(opts.order_expiry_secs),
+            })
+            .process_manager::<CustomerOrders>(())
     };
     // Kafka mode: every topic is created or checked now, so that one with another
     // partition count or a policy that would lose data stops the start, with the reason.

@@ -85,8 +85,8 @@ impl Server {
         // The command path's invariants, from the commands this test sends: the order
         // flow's own commands (ShipOrder after a confirmation) would be events it never
         // sent. The flow under kills is `flows_crash.rs`.
-        if !extra_args.iter().any(|a| a == "--no-order-flow") {
-            extra_args.push("--no-order-flow".to_owned());
+        if !extra_args.iter().any(|a| a == "--no-process-managers") {
+            extra_args.push("--no-process-managers".to_owned());
         }
         extra_args.extend(
             std::env::var("CRASH_SHOP_ARGS")

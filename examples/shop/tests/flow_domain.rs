@@ -196,3 +196,49 @@ fn captures_and_voids_are_not_for_the_flow() {
         .when::<Payment>("pay-o-1", PaymentEvent::PaymentCaptured)
         .then_ignored();
 }
+
+// The cascading delete (`customer_orders`).
+
+use shop::domain::cascade::CUSTOMER_DELETED;
+use shop::domain::{Customer, CustomerEvent, CustomerOrders};
+
+fn cancel_deleted() -> OrderCommand {
+    OrderCommand::CancelOrder {
+        reason: CUSTOMER_DELETED.into(),
+    }
+}
+
+#[test]
+fn deleting_a_customer_cancels_every_order_it_placed() {
+    ProcessTest::<CustomerOrders>::new()
+        .given::<Order>("o-1", [placed(100)])
+        .given::<Order>("o-2", [placed(200)])
+        .when::<Customer>("c-1", CustomerEvent::CustomerDeleted)
+        .then([
+            Expect::send::<Order>("o-1", cancel_deleted()),
+            Expect::send::<Order>("o-2", cancel_deleted()),
+        ])
+        // An order that had ended refuses: nothing more to do.
+        .when_refused("order", "o-2", "invalid_transition")
+        .then_nothing();
+}
+
+#[test]
+fn an_order_placed_after_the_deletion_is_cancelled_when_it_is_read() {
+    ProcessTest::<CustomerOrders>::new()
+        .given::<Customer>("c-1", [CustomerEvent::CustomerDeleted])
+        .when::<Order>("o-9", placed(100))
+        .then([Expect::send::<Order>("o-9", cancel_deleted())]);
+}
+
+#[test]
+fn other_customers_and_other_events_are_left_alone() {
+    ProcessTest::<CustomerOrders>::new()
+        .given::<Order>("o-1", [placed(100)])
+        .when::<Customer>("c-2", CustomerEvent::CustomerDeleted)
+        .then_nothing()
+        .when::<Order>("o-1", OrderEvent::OrderConfirmed)
+        .then_ignored()
+        .when::<Customer>("c-1", CustomerEvent::EmailChanged { email: "a@b.c".into() })
+        .then_ignored();
+}

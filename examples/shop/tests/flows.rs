@@ -44,6 +44,16 @@ fn events(url: &str, aggregate: &str, id: &str) -> Vec<Value> {
     body.as_array().unwrap().clone()
 }
 
+/// The order flow's state in a `/readyz` body.
+fn flow_state(ready: &Value) -> String {
+    ready["process_managers"]
+        .as_array()
+        .and_then(|pms| pms.iter().find(|p| p["name"] == "order_flow"))
+        .and_then(|p| p["state"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn types(events: &[Value]) -> Vec<String> {
     events.iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect()
 }
@@ -105,7 +115,7 @@ fn the_shops_flows_run_on_kafka() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, ready) = get(&url, "/readyz");
-        if ready["process_managers"][0]["state"] == "ready" {
+        if flow_state(&ready) == "ready" {
             break;
         }
         assert!(Instant::now() < deadline, "the order flow did not start here: {ready}");
@@ -131,9 +141,9 @@ fn the_shops_flows(url: &str, prefix: &str) {
     let (status, ready) = get(url, "/readyz");
     assert_eq!(status, 200, "{ready}");
     let pms = ready["process_managers"].as_array().unwrap();
-    assert_eq!(pms.len(), 1, "{ready}");
-    assert_eq!(pms[0]["name"], "order_flow");
-    assert_eq!(pms[0]["state"], "ready");
+    let names: Vec<&str> = pms.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["customer_orders", "order_flow"], "{ready}");
+    assert_eq!(flow_state(&ready), "ready");
 
     // Payment on confirm, ship when paid.
     place(url, &o("paid"), 500);
@@ -315,10 +325,8 @@ fn the_order_flow_moves_to_the_other_instance_on_kafka() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, url_a, _) = start(da.path(), &fa);
     let (b, url_b, _) = start(db.path(), &fb);
-    let owner = |urls: &[&str]| -> Option<usize> {
-        urls.iter()
-            .position(|u| get(u, "/readyz").1["process_managers"][0]["state"] == "ready")
-    };
+    let owner =
+        |urls: &[&str]| -> Option<usize> { urls.iter().position(|u| flow_state(&get(u, "/readyz").1) == "ready") };
     let deadline = Instant::now() + Duration::from_secs(60);
     let first = loop {
         if let Some(i) = owner(&[&url_a, &url_b]) {
@@ -332,9 +340,31 @@ fn the_order_flow_moves_to_the_other_instance_on_kafka() {
     let survivor = urls[1 - first].clone();
 
     let orders: Vec<String> = (0..20).map(|i| format!("d-{i}")).collect();
+    // While partitions move (the killed instance's after the session timeout), a command
+    // may get 503 or 504: retried with its key, as a client does.
+    let send = |id: &str, body: Value| {
+        let path = format!("/v1/aggregates/order/{id}/commands");
+        let key = format!("{}-{id}", body["type"].as_str().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let (status, answer) = post(&survivor, &path, &body.to_string(), &key);
+            if status < 500 {
+                assert_eq!(status, 200, "{path}: {answer}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "{path}: still {status} {answer}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let place_and_confirm = |id: &str| {
+        send(
+            id,
+            json!({"type": "PlaceOrder", "customer_id": "c", "items": [{"sku": "s", "qty": 1, "price_cents": 100}]}),
+        );
+        send(id, json!({"type": "ConfirmOrder"}));
+    };
     for id in &orders[..10] {
-        place(&survivor, id, 100);
-        assert_eq!(confirm(&survivor, id).0, 200);
+        place_and_confirm(id);
     }
     for id in &orders[..5] {
         wait_for_last(&survivor, id, "OrderShipped", Duration::from_secs(20));
@@ -342,8 +372,7 @@ fn the_order_flow_moves_to_the_other_instance_on_kafka() {
     // The owner dies with flows under way.
     drop(guards[first].take());
     for id in &orders[10..] {
-        place(&survivor, id, 100);
-        assert_eq!(confirm(&survivor, id).0, 200);
+        place_and_confirm(id);
     }
     for id in &orders {
         let e = wait_for_last(&survivor, id, "OrderShipped", Duration::from_secs(60));
@@ -370,4 +399,104 @@ fn the_order_flow_moves_to_the_other_instance_on_kafka() {
         assert_eq!(shipped, 1, "{id}: {shipped} OrderShipped in the topic");
     }
     drop(guards);
+}
+
+/// The cascading delete (DESIGN §7) on both backends: deleting a customer cancels its
+/// placed and confirmed orders with `customer_deleted`, leaves its ended orders and other
+/// customers' orders alone, and cancels an order placed after the deletion.
+fn the_cascade(url: &str, prefix: &str) {
+    let c = format!("{prefix}-cust");
+    let o = |n: &str| format!("{prefix}-{n}");
+    let post_to = |path: String, body: Value| {
+        let (status, answer) = post(url, &path, &body.to_string(), "");
+        assert_eq!(status, 200, "{path}: {answer}");
+    };
+    post_to(
+        format!("/v1/aggregates/customer/{c}/commands"),
+        json!({"type": "RegisterCustomer", "name": "Ann", "email": format!("{c}@x.test")}),
+    );
+    let place_for = |order: &str, customer: &str| {
+        post_to(
+            format!("/v1/aggregates/order/{order}/commands"),
+            json!({"type": "PlaceOrder", "customer_id": customer, "items": [{"sku": "s", "qty": 1, "price_cents": 100}]}),
+        );
+    };
+    for n in ["placed", "confirmed", "shipped", "cancelled"] {
+        place_for(&o(n), &c);
+    }
+    place_for(&o("other"), &format!("{prefix}-someone-else"));
+    assert_eq!(confirm(url, &o("shipped")).0, 200);
+    wait_for_last(url, &o("shipped"), "OrderShipped", Duration::from_secs(20));
+    post_to(
+        format!("/v1/aggregates/order/{}/commands", o("cancelled")),
+        json!({"type": "CancelOrder", "reason": "changed my mind"}),
+    );
+    // Confirmed just before the deletion: the cascade cancels it, unless the order flow
+    // shipped it first; either way it ends once.
+    post_to(
+        format!("/v1/aggregates/order/{}/commands", o("confirmed")),
+        json!({"type": "ConfirmOrder"}),
+    );
+    post_to(
+        format!("/v1/aggregates/customer/{c}/commands"),
+        json!({"type": "DeleteCustomer"}),
+    );
+    wait_for_last(url, &o("placed"), "OrderCancelled", Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let confirmed = loop {
+        let e = events(url, "order", &o("confirmed"));
+        let ended = e
+            .iter()
+            .any(|e| e["type"] == "OrderCancelled" || e["type"] == "OrderShipped");
+        if ended || Instant::now() > deadline {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Placed after the deletion: cancelled as soon as the cascade reads it.
+    place_for(&o("late"), &c);
+    let late = wait_for_last(url, &o("late"), "OrderCancelled", Duration::from_secs(20));
+    assert_eq!(late.last().unwrap()["payload"]["reason"], "customer_deleted");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        types(&events(url, "order", &o("shipped"))),
+        ["OrderPlaced", "OrderConfirmed", "OrderShipped"]
+    );
+    let cancelled = events(url, "order", &o("cancelled"));
+    assert_eq!(types(&cancelled), ["OrderPlaced", "OrderCancelled"]);
+    assert_eq!(cancelled[1]["payload"]["reason"], "changed my mind");
+    assert_eq!(types(&events(url, "order", &o("other"))), ["OrderPlaced"]);
+    let placed = events(url, "order", &o("placed"));
+    assert_eq!(types(&placed), ["OrderPlaced", "OrderCancelled"]);
+    assert_eq!(placed[1]["payload"]["reason"], "customer_deleted");
+    let confirmed_after = events(url, "order", &o("confirmed"));
+    assert_eq!(
+        confirmed_after.len(),
+        confirmed.len(),
+        "nothing after its end: {confirmed_after:?}"
+    );
+    match types(&confirmed).as_slice() {
+        [_, _, last] if last == "OrderShipped" => {}
+        [_, _, last] if last == "OrderCancelled" => {
+            assert_eq!(confirmed[2]["payload"]["reason"], "customer_deleted");
+        }
+        other => panic!("the confirmed order: {other:?}"),
+    }
+}
+
+#[test]
+fn a_deleted_customers_orders_are_cancelled_on_the_embedded_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_shop, url, _) = start(dir.path(), &["--partitions", "4"]);
+    the_cascade(&url, "e");
+}
+
+#[test]
+fn a_deleted_customers_orders_are_cancelled_on_kafka() {
+    let bootstrap = common::kafka_bootstrap();
+    let app = format!("cascade{}", rand::random::<u32>());
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--kafka", &bootstrap, "--app-id", &app, "--partitions", "4"];
+    let (_shop, url, _) = start(dir.path(), &flags);
+    the_cascade(&url, "k");
 }

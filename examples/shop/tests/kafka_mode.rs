@@ -29,7 +29,7 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
         bootstrap.as_str(),
         "--app-id",
         app.as_str(),
-        "--no-order-flow",
+        "--no-process-managers",
     ];
     let (shop1, url, lines) = start(dir1.path(), &flags);
     assert!(lines.join("\n").contains("Kafka at"), "{lines:?}");
@@ -285,7 +285,7 @@ fn commands_produced_by_any_kafka_client_are_processed_once() {
         bootstrap.as_str(),
         "--app-id",
         app.as_str(),
-        "--no-order-flow",
+        "--no-process-managers",
     ];
     let (shop1, url, _) = start(dir.path(), &flags);
     let commands = format!("{app}.order.commands");
@@ -468,7 +468,7 @@ fn two_instances_answer_every_view_query_alike() {
             app.clone(),
             "--instance-id".to_owned(),
             id.to_owned(),
-            "--no-order-flow".to_owned(),
+            "--no-process-managers".to_owned(),
         ]
     };
     let (fa, fb) = (flags("a"), flags("b"));
@@ -740,7 +740,7 @@ fn producers_write_lz4_batches_unless_the_config_says_otherwise() {
             app.as_str(),
             "--partitions",
             "2",
-            "--no-order-flow",
+            "--no-process-managers",
         ];
         if let Some(e) = extra {
             flags.extend(["--kafka-config", e]);

@@ -142,7 +142,7 @@ fn a_rebuilt_view_answers_the_same_as_before() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     // The order flow's reactions would add events this test does not count.
-    let (shop1, url, _) = start(dir.path(), &["--partitions", "4", "--no-order-flow"]);
+    let (shop1, url, _) = start(dir.path(), &["--partitions", "4", "--no-process-managers"]);
     let (all, order_events, customer_events) = fill(&url, 60, 20);
     let min = all.encode();
     let before = answers(&url, &min);
@@ -167,7 +167,7 @@ fn a_rebuilt_view_answers_the_same_as_before() {
         assert!(stdout.contains("events/s"), "{stdout}");
     }
 
-    let (shop2, url, _) = start(dir.path(), &["--partitions", "4", "--no-order-flow"]);
+    let (shop2, url, _) = start(dir.path(), &["--partitions", "4", "--no-process-managers"]);
     // The store admits one process: no rebuild under a running service.
     let out = shop(&["views", "rebuild", "orders", "--data-dir", d, "--partitions", "4"])
         .output()
@@ -204,7 +204,7 @@ fn a_view_rebuilt_from_kafka_answers_the_same_as_before() {
         "4",
         "--instance-id",
         "i1",
-        "--no-order-flow",
+        "--no-process-managers",
     ];
     let (shop1, url, _) = start(dir.path(), &flags);
     let (all, order_events, customer_events) = fill(&url, 40, 12);
