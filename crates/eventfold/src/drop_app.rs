@@ -21,7 +21,8 @@ use serde_json::{Value, json};
 pub struct DropOptions {
     /// Kafka bootstrap servers.
     pub bootstrap: String,
-    /// The app id: topics named `<app>.<anything>` and the consumer group `<app>` go.
+    /// The app id: topics named `<app>.<anything>` and the consumer groups `<app>` and
+    /// `<app>.<anything>` (its process managers') go.
     pub app: String,
     /// Delete; otherwise only list what would be deleted.
     pub yes: bool,
@@ -35,15 +36,17 @@ pub struct DropSummary {
     pub app: String,
     /// The app's topics, sorted.
     pub topics: Vec<String>,
-    /// Whether the consumer group `<app>` existed.
+    /// Whether any of the app's consumer groups existed.
     pub group: bool,
+    /// The app's consumer groups (`<app>`, and `<app>.<process manager>`), sorted.
+    pub groups: Vec<String>,
     /// Whether they were deleted (false: a dry run).
     pub deleted: bool,
 }
 
 impl DropSummary {
     pub fn to_json(&self) -> Value {
-        json!({ "app": self.app, "topics": self.topics, "group": self.group, "deleted": self.deleted })
+        json!({ "app": self.app, "topics": self.topics, "group": self.group, "groups": self.groups, "deleted": self.deleted })
     }
 }
 
@@ -65,8 +68,8 @@ impl std::fmt::Display for DropSummary {
         for t in &self.topics {
             writeln!(f, "  topic {t}")?;
         }
-        if self.group {
-            writeln!(f, "  consumer group {}", self.app)?;
+        for g in &self.groups {
+            writeln!(f, "  consumer group {g}")?;
         }
         Ok(())
     }
@@ -105,15 +108,22 @@ pub fn run(opts: &DropOptions) -> anyhow::Result<DropSummary> {
         .filter(|t| belongs_to(t, &opts.app))
         .collect();
     topics.sort();
-    let groups = admin
+    let listed = admin
         .inner()
-        .fetch_group_list(Some(&opts.app), opts.timeout)
+        .fetch_group_list(None, opts.timeout)
         .with_context(|| format!("reading the consumer groups from {}", opts.bootstrap))?;
-    let group = groups.groups().iter().any(|g| g.name() == opts.app);
+    let mut groups: Vec<String> = listed
+        .groups()
+        .iter()
+        .map(|g| g.name().to_owned())
+        .filter(|g| *g == opts.app || belongs_to(g, &opts.app))
+        .collect();
+    groups.sort();
     let mut summary = DropSummary {
         app: opts.app.clone(),
         topics,
-        group,
+        group: !groups.is_empty(),
+        groups,
         deleted: false,
     };
     if !opts.yes {
@@ -139,8 +149,9 @@ pub fn run(opts: &DropOptions) -> anyhow::Result<DropSummary> {
             }
         }
         if summary.group {
+            let names: Vec<&str> = summary.groups.iter().map(String::as_str).collect();
             let results = admin
-                .delete_groups(&[opts.app.as_str()], &admin_opts)
+                .delete_groups(&names, &admin_opts)
                 .await
                 .context("deleting the consumer group")?;
             for r in results {

@@ -79,21 +79,24 @@ fn drop_app_lists_then_deletes_only_that_apps_topics_and_group() {
         "created topics not visible: {seen:?}"
     );
 
-    // The app's consumer group, as a service leaves it: committed offsets, no members.
-    let group: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", &app)
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("group client");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&mine[1], 0, Offset::Offset(0)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = group.commit(&tpl, CommitMode::Sync) {
-        assert!(Instant::now() < deadline, "committing an offset for group {app}: {e}");
-        thread::sleep(Duration::from_millis(200));
+    // The app's consumer groups, as a service leaves them (committed offsets, no
+    // members): the commands' group `<app>` and a process manager's `<app>.<name>`.
+    let pm_group = format!("{app}.order_flow");
+    for name in [app.as_str(), pm_group.as_str()] {
+        let group: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("group.id", name)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("group client");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&mine[1], 0, Offset::Offset(0)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(e) = group.commit(&tpl, CommitMode::Sync) {
+            assert!(Instant::now() < deadline, "committing an offset for group {name}: {e}");
+            thread::sleep(Duration::from_millis(200));
+        }
     }
-    drop(group);
 
     let mut opts = DropOptions {
         bootstrap: bootstrap(),
@@ -104,6 +107,11 @@ fn drop_app_lists_then_deletes_only_that_apps_topics_and_group() {
     let listed = drop_app::run(&opts).expect("dry run");
     assert_eq!(listed.topics, mine.to_vec(), "the app's topics, not {other}");
     assert!(listed.group, "the app's consumer group is listed");
+    assert_eq!(
+        listed.groups,
+        vec![app.clone(), pm_group.clone()],
+        "the app's groups, its process manager's included"
+    );
     assert!(!listed.deleted);
     assert!(listed.to_string().contains("would delete"), "{listed}");
     let still = topics_now(&meta, &app);
