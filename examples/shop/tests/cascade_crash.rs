@@ -20,27 +20,6 @@ const CUSTOMERS: u64 = 24;
 const ORDERS_PER_CUSTOMER: u64 = 4;
 const CLIENTS: u64 = 4;
 
-/// Sends `body` with `key` until the answer is definitive (a status below 500).
-async fn submit(http: &reqwest::Client, base: &RwLock<String>, path: &str, key: &str, body: &Value) -> (u16, Value) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "{path} (key {key}) got no definitive answer in 90 s"
-        );
-        let url = format!("{}{path}", base.read().unwrap());
-        if let Ok(resp) = http.post(&url).header("Idempotency-Key", key).json(body).send().await {
-            let status = resp.status().as_u16();
-            if status < 500
-                && let Ok(json) = resp.json::<Value>().await
-            {
-                return (status, json);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// One customer's orders: (order id, placed after the customer's deletion).
 struct CustomerRun {
     deleted: bool,
@@ -56,7 +35,7 @@ async fn client(i: u64, seed: u64, http: reqwest::Client, base: Arc<RwLock<Strin
         let register = json!({"type": "RegisterCustomer", "name": "n", "email": format!("{c}@x.test")});
         let path = format!("/v1/aggregates/customer/{c}/commands");
         ok(
-            submit(&http, &base, &path, &format!("reg-{c}"), &register).await,
+            common::submit(&http, &base, &path, &format!("reg-{c}"), &register).await,
             "RegisterCustomer",
         );
         let deleted = rng.random_bool(0.5);
@@ -67,7 +46,7 @@ async fn client(i: u64, seed: u64, http: reqwest::Client, base: Arc<RwLock<Strin
             if after {
                 let body = json!({"type": "DeleteCustomer"});
                 ok(
-                    submit(&http, &base, &path, &format!("del-{c}"), &body).await,
+                    common::submit(&http, &base, &path, &format!("del-{c}"), &body).await,
                     "DeleteCustomer",
                 );
             }
@@ -79,7 +58,7 @@ async fn client(i: u64, seed: u64, http: reqwest::Client, base: Arc<RwLock<Strin
             });
             let opath = format!("/v1/aggregates/order/{o}/commands");
             ok(
-                submit(&http, &base, &opath, &format!("place-{o}"), &place).await,
+                common::submit(&http, &base, &opath, &format!("place-{o}"), &place).await,
                 "PlaceOrder",
             );
             orders.push((o, after));

@@ -29,28 +29,6 @@ const KAFKA_KILLS: u32 = 12;
 const DECLINE_ABOVE: u64 = 10_000;
 const EXPIRY_SECS: &str = "2";
 
-/// Sends `body` with `key` until the answer is definitive (a status below 500), across
-/// kills and restarts; `None` after `within`.
-async fn submit(http: &reqwest::Client, base: &RwLock<String>, path: &str, key: &str, body: &Value) -> (u16, Value) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "{path} (key {key}) got no definitive answer in 90 s"
-        );
-        let url = format!("{}{path}", base.read().unwrap());
-        if let Ok(resp) = http.post(&url).header("Idempotency-Key", key).json(body).send().await {
-            let status = resp.status().as_u16();
-            if status < 500
-                && let Ok(json) = resp.json::<Value>().await
-            {
-                return (status, json);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn get(http: &reqwest::Client, url: &str) -> (u16, Value) {
     let resp = http.get(url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
     let status = resp.status().as_u16();
@@ -90,13 +68,13 @@ async fn client(i: u64, seed: u64, http: reqwest::Client, base: Arc<RwLock<Strin
             "customer_id": format!("c-{i}"),
             "items": [{"sku": "sku", "qty": 1, "price_cents": total}],
         });
-        let (status, body) = submit(&http, &base, &path, &format!("place-{id}"), &place).await;
+        let (status, body) = common::submit(&http, &base, &path, &format!("place-{id}"), &place).await;
         assert_eq!(status, 200, "PlaceOrder {id}: {body}");
         // A quarter is left to expire; the others are confirmed at once or a little later.
         let mut confirmed = false;
         if rng.random_bool(0.75) {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
-            let (status, body) = submit(
+            let (status, body) = common::submit(
                 &http,
                 &base,
                 &path,

@@ -204,3 +204,32 @@ pub fn test_log(dir: &std::path::Path) -> eventfold::log::embedded::EmbeddedLog 
     )
     .unwrap()
 }
+
+/// POSTs `body` with `key` to `path` on whichever instance `base` names now, until the
+/// answer is definitive (a status below 500): across kills, restarts and moving
+/// partitions, as a client with an idempotency key does. Fails after 90 s.
+pub async fn submit(
+    http: &reqwest::Client,
+    base: &std::sync::RwLock<String>,
+    path: &str,
+    key: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{path} (key {key}) got no definitive answer in 90 s"
+        );
+        let url = format!("{}{path}", base.read().unwrap());
+        if let Ok(resp) = http.post(&url).header("Idempotency-Key", key).json(body).send().await {
+            let status = resp.status().as_u16();
+            if status < 500
+                && let Ok(json) = resp.json::<Value>().await
+            {
+                return (status, json);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
