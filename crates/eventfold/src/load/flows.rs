@@ -35,16 +35,14 @@ use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rand::SeedableRng;
 use rand::rngs::StdRng;
 use reqwest::Url;
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio::time::{self, Instant};
 
 use super::client::{Call, Connection, Reply, Target};
-use super::{CONCURRENCY_MAX, Latency, Limit, PROGRESS_INTERVAL, RETRIES_MAX, backoff, lock, micros, micros_histogram};
+use super::{CONCURRENCY_MAX, Latency, Limit, RETRIES_MAX, Workload, backoff, drive, lock, micros, micros_histogram};
 
 /// `PlaceOrder` of every flow: one item of 1.00, well under the shop's default decline
 /// limit, so that every payment is authorized and every flow ends in `OrderShipped`.
@@ -160,37 +158,8 @@ pub async fn run(opts: FlowOptions) -> anyhow::Result<FlowSummary> {
 pub async fn run_until(opts: FlowOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<FlowSummary> {
     opts.validate()?;
     let shared = Arc::new(Shared::new(&opts)?);
-    let (stop_tx, stop_rx) = watch::channel(false);
     let seed = opts.seed.unwrap_or_else(rand::random);
-    let mut workers = JoinSet::new();
-    for worker in 0..opts.concurrency {
-        let rng = StdRng::seed_from_u64(seed ^ (worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        workers.spawn(Arc::clone(&shared).worker(worker, stop_rx.clone(), rng));
-    }
-    let bar = opts.progress.then(|| shared.progress_bar());
-    let mut tick = time::interval(PROGRESS_INTERVAL);
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut interrupted = false;
-    loop {
-        tokio::select! {
-            joined = workers.join_next() => match joined {
-                Some(result) => result.context("flow worker panicked")?,
-                None => break,
-            },
-            () = &mut shutdown, if !interrupted => {
-                interrupted = true;
-                stop_tx.send_replace(true);
-            }
-            _ = tick.tick(), if bar.is_some() => {
-                if let Some(bar) = &bar {
-                    shared.update_progress(bar);
-                }
-            }
-        }
-    }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    let interrupted = drive(&shared, opts.concurrency, seed, opts.progress, "flow worker", shutdown).await?;
     Ok(shared.summary(&opts, interrupted))
 }
 
@@ -816,6 +785,23 @@ impl Tally {
             }
         }
         self.last_done = Some(self.last_done.map_or(done, |last| last.max(done)));
+    }
+}
+
+impl Workload for Shared {
+    fn work(
+        self: Arc<Self>,
+        worker: usize,
+        stop: watch::Receiver<bool>,
+        rng: StdRng,
+    ) -> impl Future<Output = ()> + Send {
+        self.worker(worker, stop, rng)
+    }
+    fn progress_bar(&self) -> ProgressBar {
+        Shared::progress_bar(self)
+    }
+    fn update_progress(&self, bar: &ProgressBar) {
+        Shared::update_progress(self, bar)
     }
 }
 

@@ -239,22 +239,51 @@ pub async fn run(opts: LoadOptions) -> anyhow::Result<Summary> {
 pub async fn run_until(opts: LoadOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<Summary> {
     opts.validate()?;
     let shared = Arc::new(Shared::new(&opts)?);
-    let (stop_tx, stop_rx) = watch::channel(false);
     let seed = opts.seed.unwrap_or_else(rand::random);
+    let interrupted = drive(&shared, opts.concurrency, seed, opts.progress, "load worker", shutdown).await?;
+    Ok(shared.summary(&opts, interrupted))
+}
+
+/// A pool of workers sharing one state, run by [`drive`]: the command load and the flows.
+pub(crate) trait Workload: Send + Sync + 'static {
+    /// One worker's loop, until `stop` says so or its limit is reached.
+    fn work(
+        self: Arc<Self>,
+        worker: usize,
+        stop: watch::Receiver<bool>,
+        rng: StdRng,
+    ) -> impl Future<Output = ()> + Send;
+    /// The progress bar of a run.
+    fn progress_bar(&self) -> ProgressBar;
+    /// Shows the counts so far on `bar`.
+    fn update_progress(&self, bar: &ProgressBar);
+}
+
+/// Runs `concurrency` workers of `shared` (each with its own reproducible random stream
+/// from `seed`) until they all end; once `shutdown` completes they are told to stop (what
+/// is in flight finishes). Returns whether it was interrupted.
+pub(crate) async fn drive<W: Workload>(
+    shared: &Arc<W>,
+    concurrency: usize,
+    seed: u64,
+    progress: bool,
+    what: &'static str,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<bool> {
+    let (stop_tx, stop_rx) = watch::channel(false);
     let mut workers = JoinSet::new();
-    for worker in 0..opts.concurrency {
-        // Distinct, reproducible streams per worker from one seed.
+    for worker in 0..concurrency {
         let rng = StdRng::seed_from_u64(seed ^ (worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        workers.spawn(Arc::clone(&shared).worker(worker, stop_rx.clone(), rng));
+        workers.spawn(Arc::clone(shared).work(worker, stop_rx.clone(), rng));
     }
-    let bar = opts.progress.then(|| shared.progress_bar());
+    let bar = progress.then(|| shared.progress_bar());
     let mut tick = time::interval(PROGRESS_INTERVAL);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut interrupted = false;
     loop {
         tokio::select! {
             joined = workers.join_next() => match joined {
-                Some(result) => result.context("load worker panicked")?,
+                Some(result) => result.with_context(|| format!("{what} panicked"))?,
                 None => break,
             },
             () = &mut shutdown, if !interrupted => {
@@ -271,7 +300,7 @@ pub async fn run_until(opts: LoadOptions, shutdown: impl Future<Output = ()>) ->
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    Ok(shared.summary(&opts, interrupted))
+    Ok(interrupted)
 }
 
 /// Result of a run. Counts cover only the measured phase (after warmup).
@@ -1002,6 +1031,23 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding the tally, so a poisoned lock still holds valid counts.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Workload for Shared {
+    fn work(
+        self: Arc<Self>,
+        worker: usize,
+        stop: watch::Receiver<bool>,
+        rng: StdRng,
+    ) -> impl Future<Output = ()> + Send {
+        self.worker(worker, stop, rng)
+    }
+    fn progress_bar(&self) -> ProgressBar {
+        Shared::progress_bar(self)
+    }
+    fn update_progress(&self, bar: &ProgressBar) {
+        Shared::update_progress(self, bar)
+    }
 }
 
 #[cfg(test)]
