@@ -147,8 +147,6 @@ pub(crate) fn decide<P: ProcessManager>(
     known: &dyn Fn(&str) -> bool,
 ) -> Result<Plan, String> {
     let original = pre.timers.clone();
-    let default_json =
-        serde_json::to_vec(&P::default()).map_err(|e| format!("cannot encode the default state: {e}"))?;
     let mut plan = Plan::default();
     let mut touched = BTreeSet::new();
     for step in steps {
@@ -157,146 +155,192 @@ pub(crate) fn decide<P: ProcessManager>(
         };
         let mut state = pre.states.remove(&key).unwrap_or_default();
         let timers = pre.timers.entry(key.clone()).or_default();
+        if let Step::Timer { timer, .. } = &step {
+            timers.remove(timer); // fired: gone whatever the reaction does
+        }
+        if let Step::Outcome { seq, .. } = &step {
+            plan.answered.push(*seq);
+        }
         let mut actions = Actions::new();
-        let (trigger_id, correlation, what, reacted) = match step {
-            Step::Event {
-                event,
-                aggregate_type,
-                aggregate_id,
-                version,
-                event_id,
-                event_type,
-                timestamp_ms,
-                correlation_id,
-                ..
-            } => {
-                let what = format!("event {event_id} of {aggregate_type} `{aggregate_id}`");
-                let ctx = ProcessContext {
-                    key: &key,
-                    now_ms: timestamp_ms,
-                    config,
-                };
-                let meta = EventMeta {
-                    aggregate_type,
-                    aggregate_id: &aggregate_id,
-                    version,
-                    event_id: &event_id,
-                    event_type: &event_type,
-                    timestamp_ms,
-                    correlation_id: &correlation_id,
-                };
-                let reacted = react(&mut state, Input::Event { event, meta }, &ctx, &mut actions);
-                (TriggerId::Event(event_id), correlation_id, what, reacted)
-            }
-            Step::Timer {
-                timer,
-                due_ms,
-                correlation_id,
-                ..
-            } => {
-                timers.remove(&timer);
-                let what = format!("timer `{timer}` of key `{key}`");
-                let ctx = ProcessContext {
-                    key: &key,
-                    now_ms: due_ms,
-                    config,
-                };
-                let reacted = react(&mut state, Input::Timer { id: &timer, due_ms }, &ctx, &mut actions);
-                (TriggerId::Timer(timer, due_ms), correlation_id, what, reacted)
-            }
-            Step::Outcome {
-                seq,
-                command,
-                result,
-                now_ms,
-            } => {
-                plan.answered.push(seq);
-                let what = format!("the outcome of command {}", command.command_id);
-                let ctx = ProcessContext {
-                    key: &key,
-                    now_ms,
-                    config,
-                };
-                let input = Input::Outcome(CommandOutcome {
-                    aggregate_type: &command.aggregate_type,
-                    aggregate_id: &command.aggregate_id,
-                    command_type: &command.command_type,
-                    command_id: &command.command_id,
-                    result: result.as_ref().map(|v| *v),
-                });
-                let reacted = react(&mut state, input, &ctx, &mut actions);
-                (
-                    TriggerId::Outcome(command.command_id),
-                    command.correlation_id,
-                    what,
-                    reacted,
-                )
-            }
-        };
-        if let Err(msg) = reacted {
+        let reaction = react_to::<P>(step, &key, config, &mut state, &mut actions);
+        if let Err(msg) = reaction.panicked {
             return Err(format!(
-                "process manager `{}` panicked reacting to {what}: {msg}",
-                P::NAME
+                "process manager `{}` panicked reacting to {}: {msg}",
+                P::NAME,
+                reaction.what
             ));
         }
         plan.reactions += 1;
-        let mut finished = false;
-        let mut step_no = 0;
-        for action in actions.into_vec() {
-            match action {
-                Action::Send {
-                    aggregate_type,
-                    aggregate_id,
-                    command_type,
-                    command,
-                } => {
-                    if !known(&aggregate_type) {
-                        return Err(format!(
-                            "process manager `{}` sent {command_type} to aggregate type `{aggregate_type}`, which is not registered (reacting to {what})",
-                            P::NAME
-                        ));
-                    }
-                    let command_id = command_id(P::NAME, trigger_id.as_trigger(&key), step_no);
-                    step_no += 1;
-                    plan.sends.push(Command {
-                        key: key.clone(),
-                        aggregate_type,
-                        aggregate_id,
-                        command_type,
-                        command_id,
-                        body: command.to_string(),
-                        correlation_id: correlation.clone(),
-                        causation_id: match &trigger_id {
-                            TriggerId::Event(id) => Some(id.clone()),
-                            TriggerId::Timer(..) | TriggerId::Outcome(_) => None,
-                        },
-                    });
-                }
-                Action::Schedule { timer, due_ms } => {
-                    check_timer::<P>(&key, &timer)?;
-                    timers.insert(timer, (due_ms, correlation.clone()));
-                }
-                Action::Cancel { timer } => {
-                    timers.remove(&timer);
-                }
-                Action::Finish => {
-                    timers.clear();
-                    finished = true;
-                }
-            }
-        }
-        if finished {
+        if apply::<P>(actions, &key, &reaction, timers, &mut plan, known)? {
             state = P::default();
         }
         pre.states.insert(key.clone(), state);
         touched.insert(key);
     }
+    settle(&mut plan, touched, &pre, original)?;
+    Ok(plan)
+}
+
+/// What one reaction was to, and whether it panicked.
+struct Reaction {
+    trigger: TriggerId,
+    correlation: String,
+    /// The input, for messages.
+    what: String,
+    panicked: Result<(), String>,
+}
+
+/// Runs the reaction of `state` (of `key`) to one input.
+fn react_to<P: ProcessManager>(
+    step: Step<P::Event>,
+    key: &str,
+    config: &P::Config,
+    state: &mut P,
+    actions: &mut Actions,
+) -> Reaction {
+    let ctx = |now_ms| ProcessContext { key, now_ms, config };
+    match step {
+        Step::Event {
+            event,
+            aggregate_type,
+            aggregate_id,
+            version,
+            event_id,
+            event_type,
+            timestamp_ms,
+            correlation_id,
+            ..
+        } => {
+            let meta = EventMeta {
+                aggregate_type,
+                aggregate_id: &aggregate_id,
+                version,
+                event_id: &event_id,
+                event_type: &event_type,
+                timestamp_ms,
+                correlation_id: &correlation_id,
+            };
+            let panicked = react(state, Input::Event { event, meta }, &ctx(timestamp_ms), actions);
+            Reaction {
+                what: format!("event {event_id} of {aggregate_type} `{aggregate_id}`"),
+                trigger: TriggerId::Event(event_id),
+                correlation: correlation_id,
+                panicked,
+            }
+        }
+        Step::Timer {
+            timer,
+            due_ms,
+            correlation_id,
+            ..
+        } => {
+            let panicked = react(state, Input::Timer { id: &timer, due_ms }, &ctx(due_ms), actions);
+            Reaction {
+                what: format!("timer `{timer}` of key `{key}`"),
+                trigger: TriggerId::Timer(timer, due_ms),
+                correlation: correlation_id,
+                panicked,
+            }
+        }
+        Step::Outcome {
+            command,
+            result,
+            now_ms,
+            ..
+        } => {
+            let input = Input::Outcome(CommandOutcome {
+                aggregate_type: &command.aggregate_type,
+                aggregate_id: &command.aggregate_id,
+                command_type: &command.command_type,
+                command_id: &command.command_id,
+                result: result.as_ref().map(|v| *v),
+            });
+            let panicked = react(state, input, &ctx(now_ms), actions);
+            Reaction {
+                what: format!("the outcome of command {}", command.command_id),
+                trigger: TriggerId::Outcome(command.command_id),
+                correlation: command.correlation_id,
+                panicked,
+            }
+        }
+    }
+}
+
+/// Adds a reaction's actions to the plan and `key`'s timers; true when it finished the
+/// flow (the state goes back to the default).
+fn apply<P: ProcessManager>(
+    actions: Actions,
+    key: &str,
+    reaction: &Reaction,
+    timers: &mut Timers,
+    plan: &mut Plan,
+    known: &dyn Fn(&str) -> bool,
+) -> Result<bool, String> {
+    let mut finished = false;
+    let mut step_no = 0;
+    for action in actions.into_vec() {
+        match action {
+            Action::Send {
+                aggregate_type,
+                aggregate_id,
+                command_type,
+                command,
+            } => {
+                if !known(&aggregate_type) {
+                    return Err(format!(
+                        "process manager `{}` sent {command_type} to aggregate type `{aggregate_type}`, which is not registered (reacting to {})",
+                        P::NAME,
+                        reaction.what
+                    ));
+                }
+                let command_id = command_id(P::NAME, reaction.trigger.as_trigger(key), step_no);
+                step_no += 1;
+                plan.sends.push(Command {
+                    key: key.to_owned(),
+                    aggregate_type,
+                    aggregate_id,
+                    command_type,
+                    command_id,
+                    body: command.to_string(),
+                    correlation_id: reaction.correlation.clone(),
+                    causation_id: match &reaction.trigger {
+                        TriggerId::Event(id) => Some(id.clone()),
+                        TriggerId::Timer(..) | TriggerId::Outcome(_) => None,
+                    },
+                });
+            }
+            Action::Schedule { timer, due_ms } => {
+                check_timer::<P>(key, &timer)?;
+                timers.insert(timer, (due_ms, reaction.correlation.clone()));
+            }
+            Action::Cancel { timer } => {
+                timers.remove(&timer);
+            }
+            Action::Finish => {
+                timers.clear();
+                finished = true;
+            }
+        }
+    }
+    Ok(finished)
+}
+
+/// The touched keys' final states (the default one deleted) and timer changes against
+/// what was stored (`original`).
+fn settle<P: ProcessManager>(
+    plan: &mut Plan,
+    touched: BTreeSet<String>,
+    pre: &Prefetched<P>,
+    original: HashMap<String, Timers>,
+) -> Result<(), String> {
+    let default_json =
+        serde_json::to_vec(&P::default()).map_err(|e| format!("cannot encode the default state: {e}"))?;
     for key in touched {
         let state = pre.states.get(&key).expect("every touched key has a state");
         let json = serde_json::to_vec(state).map_err(|e| format!("cannot encode the state of key `{key}`: {e}"))?;
         plan.states.insert(key.clone(), (json != default_json).then_some(json));
         let before = original.get(&key).cloned().unwrap_or_default();
-        let after = pre.timers.remove(&key).unwrap_or_default();
+        let after = pre.timers.get(&key).cloned().unwrap_or_default();
         for (timer, (due, _)) in &before {
             if after.get(timer).map(|(d, _)| d) != Some(due) {
                 plan.timer_dels.push((key.clone(), timer.clone(), *due));
@@ -308,7 +352,7 @@ pub(crate) fn decide<P: ProcessManager>(
             }
         }
     }
-    Ok(plan)
+    Ok(())
 }
 
 /// A timer id and key must be storable: 1 to 256 bytes without NUL.
