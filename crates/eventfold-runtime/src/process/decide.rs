@@ -33,13 +33,7 @@ pub(crate) enum Step<E> {
     /// An event of a subscribed aggregate type; `key` is filled by [`correlate`].
     Event {
         event: E,
-        aggregate_type: &'static str,
-        aggregate_id: String,
-        version: u64,
-        event_id: String,
-        event_type: String,
-        timestamp_ms: i64,
-        correlation_id: String,
+        envelope: Envelope,
         key: Option<String>,
     },
     /// A due timer, read from the store (the plan removes it).
@@ -58,6 +52,32 @@ pub(crate) enum Step<E> {
     },
 }
 
+/// Where an event came from: what its [`EventMeta`] lends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    pub aggregate_type: &'static str,
+    pub aggregate_id: String,
+    pub version: u64,
+    pub event_id: String,
+    pub event_type: String,
+    pub timestamp_ms: i64,
+    pub correlation_id: String,
+}
+
+impl Envelope {
+    fn meta(&self) -> EventMeta<'_> {
+        EventMeta {
+            aggregate_type: self.aggregate_type,
+            aggregate_id: &self.aggregate_id,
+            version: self.version,
+            event_id: &self.event_id,
+            event_type: &self.event_type,
+            timestamp_ms: self.timestamp_ms,
+            correlation_id: &self.correlation_id,
+        }
+    }
+}
+
 impl<E> Step<E> {
     fn key(&self) -> Option<&str> {
         match self {
@@ -71,28 +91,8 @@ impl<E> Step<E> {
 /// Fills in each event's correlation key (`None`: not for this process manager).
 pub(crate) fn correlate<P: ProcessManager>(steps: &mut [Step<P::Event>]) {
     for s in steps {
-        if let Step::Event {
-            event,
-            aggregate_type,
-            aggregate_id,
-            version,
-            event_id,
-            event_type,
-            timestamp_ms,
-            correlation_id,
-            key,
-        } = s
-        {
-            let meta = EventMeta {
-                aggregate_type,
-                aggregate_id,
-                version: *version,
-                event_id,
-                event_type,
-                timestamp_ms: *timestamp_ms,
-                correlation_id,
-            };
-            *key = P::correlate(event, &meta);
+        if let Step::Event { event, envelope, key } = s {
+            *key = P::correlate(event, &envelope.meta());
         }
     }
 }
@@ -200,31 +200,19 @@ fn react_to<P: ProcessManager>(
 ) -> Reaction {
     let ctx = |now_ms| ProcessContext { key, now_ms, config };
     match step {
-        Step::Event {
-            event,
-            aggregate_type,
-            aggregate_id,
-            version,
-            event_id,
-            event_type,
-            timestamp_ms,
-            correlation_id,
-            ..
-        } => {
-            let meta = EventMeta {
-                aggregate_type,
-                aggregate_id: &aggregate_id,
-                version,
-                event_id: &event_id,
-                event_type: &event_type,
-                timestamp_ms,
-                correlation_id: &correlation_id,
+        Step::Event { event, envelope, .. } => {
+            let input = Input::Event {
+                event,
+                meta: envelope.meta(),
             };
-            let panicked = react(state, Input::Event { event, meta }, &ctx(timestamp_ms), actions);
+            let panicked = react(state, input, &ctx(envelope.timestamp_ms), actions);
             Reaction {
-                what: format!("event {event_id} of {aggregate_type} `{aggregate_id}`"),
-                trigger: TriggerId::Event(event_id),
-                correlation: correlation_id,
+                what: format!(
+                    "event {} of {} `{}`",
+                    envelope.event_id, envelope.aggregate_type, envelope.aggregate_id
+                ),
+                trigger: TriggerId::Event(envelope.event_id),
+                correlation: envelope.correlation_id,
                 panicked,
             }
         }
@@ -453,13 +441,15 @@ mod tests {
     fn event(id: &str, value: u32, n: u32) -> Step<u32> {
         Step::Event {
             event: value,
-            aggregate_type: "source",
-            aggregate_id: id.into(),
-            version: u64::from(n),
-            event_id: format!("ev-{id}-{n}"),
-            event_type: "Happened".into(),
-            timestamp_ms: 1_000 * i64::from(n),
-            correlation_id: format!("corr-{id}"),
+            envelope: Envelope {
+                aggregate_type: "source",
+                aggregate_id: id.into(),
+                version: u64::from(n),
+                event_id: format!("ev-{id}-{n}"),
+                event_type: "Happened".into(),
+                timestamp_ms: 1_000 * i64::from(n),
+                correlation_id: format!("corr-{id}"),
+            },
             key: None,
         }
     }

@@ -9,7 +9,7 @@
 //! again (same ids) after a restart until answered.
 
 use super::changelog;
-use super::decide::{self, Command, Prefetched, Step, Timers};
+use super::decide::{self, Command, Envelope, Prefetched, Step, Timers};
 use super::feed::Feed;
 use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
@@ -39,20 +39,22 @@ fn decode_event<E: 'static>(
     let text = |h: &str| r.header_str(h).unwrap_or_default().to_owned();
     Ok(Step::Event {
         event,
-        aggregate_type: sub.aggregate_type(),
-        aggregate_id: r
-            .header_str(headers::AGGREGATE_ID)
-            .or_else(|| std::str::from_utf8(r.key).ok())
-            .ok_or_else(|| format!("{} has no aggregate id", at()))?
-            .to_owned(),
-        version: r.header_str(headers::VERSION).and_then(|v| v.parse().ok()).unwrap_or(0),
-        // Without an id (a record from another writer), its position stands in.
-        event_id: r
-            .header_str(headers::ID)
-            .map_or_else(|| format!("{topic}/{partition}@{offset}"), str::to_owned),
-        event_type: text(headers::TYPE),
-        timestamp_ms: r.timestamp_ms,
-        correlation_id: text(headers::CORRELATION_ID),
+        envelope: Envelope {
+            aggregate_type: sub.aggregate_type(),
+            aggregate_id: r
+                .header_str(headers::AGGREGATE_ID)
+                .or_else(|| std::str::from_utf8(r.key).ok())
+                .ok_or_else(|| format!("{} has no aggregate id", at()))?
+                .to_owned(),
+            version: r.header_str(headers::VERSION).and_then(|v| v.parse().ok()).unwrap_or(0),
+            // Without an id (a record from another writer), its position stands in.
+            event_id: r
+                .header_str(headers::ID)
+                .map_or_else(|| format!("{topic}/{partition}@{offset}"), str::to_owned),
+            event_type: text(headers::TYPE),
+            timestamp_ms: r.timestamp_ms,
+            correlation_id: text(headers::CORRELATION_ID),
+        },
         key: None,
     })
 }
@@ -97,6 +99,8 @@ struct Source {
     sub: usize,
     /// The next offset to read.
     next: u64,
+    /// The position last committed: a batch writes only the positions that moved.
+    written: u64,
     /// The topic's end when the worker started: the restore barrier's target.
     target: u64,
 }
@@ -179,6 +183,7 @@ impl<P: ProcessManager> Worker<P> {
                     partition,
                     sub: i,
                     next,
+                    written: next,
                     target: 0,
                 });
             }
@@ -497,7 +502,7 @@ impl<P: ProcessManager> Worker<P> {
             batch.delete_outbox(P::NAME, *seq);
             records.outbox(*seq, None);
         }
-        for s in &self.sources {
+        for s in self.sources.iter().filter(|s| s.next != s.written) {
             batch.put_meta(&checkpoint_key(P::NAME, &s.topic, s.partition), s.next);
             records.position(&s.topic, s.partition, s.next);
         }
@@ -510,8 +515,10 @@ impl<P: ProcessManager> Worker<P> {
         }
         let timers_pending =
             (self.timers_pending + plan.timer_puts.len() as u64).saturating_sub(plan.timer_dels.len() as u64);
-        batch.put_meta(&timers_key(P::NAME), timers_pending);
-        records.timers_pending(timers_pending);
+        if timers_pending != self.timers_pending {
+            batch.put_meta(&timers_key(P::NAME), timers_pending);
+            records.timers_pending(timers_pending);
+        }
         // Durable before any command is handed over (I4 for the outbox): one fsynced
         // batch, or in Kafka mode one transaction with the changelog records and the
         // group's generation (I1: a member the group moved on from cannot commit).
@@ -556,6 +563,9 @@ impl<P: ProcessManager> Worker<P> {
             let _ = self.log.write_local(mark).await;
         }
 
+        for s in &mut self.sources {
+            s.written = s.next;
+        }
         self.outstanding -= plan.answered.len() as u64;
         self.timers_pending = timers_pending;
         self.shared.timers_pending.store(self.timers_pending, Ordering::Relaxed);
