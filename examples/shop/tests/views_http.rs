@@ -311,7 +311,7 @@ async fn orders_view_answers_like_the_model_page_by_page() {
         assert_eq!(got, want, "{q}");
     }
 
-    // The README question: orders of c1 placed since `from` that are still unconfirmed:
+    // The docs' question (docs/http-api.md): orders of c1 placed since `from` that are still unconfirmed:
     // the range drives, the equalities filter; small pages still concatenate correctly.
     for limit in [1, 2, 50] {
         let got = s
@@ -329,7 +329,7 @@ async fn orders_view_answers_like_the_model_page_by_page() {
                 .collect(),
             true,
         );
-        assert_eq!(got, want, "README query, limit {limit}");
+        assert_eq!(got, want, "docs/http-api.md query, limit {limit}");
     }
 
     // No condition: all rows in key order.

@@ -15,7 +15,7 @@ use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
 /// mimalloc, as the shop: the load generators share a benchmark machine's cores with the
 /// service they measure, and glibc's allocator cost the HTTP generator about 10% more CPU
-/// (README, Load generators).
+/// (bench/FINDINGS.md, "Moved from the README").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
