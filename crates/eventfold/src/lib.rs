@@ -1,9 +1,10 @@
 //! eventfold: event-sourced services on Apache Kafka or an embedded log.
 //!
-//! This facade re-exports the crates a service needs; the `eventfold` binary is the ops
-//! CLI (load generator, ...); [`rebuild`] is the offline view rebuild service binaries
-//! expose as a subcommand.
+//! This facade re-exports the crates a service needs; [`App`] is a service binary's entry
+//! point (standard flags, embedded or Kafka wiring, HTTP, shutdown, `views rebuild`); the
+//! `eventfold` binary is the ops CLI (load generator, ...).
 
+pub mod app;
 pub mod drop_app;
 pub mod load;
 pub mod load_topic;
@@ -16,6 +17,7 @@ pub use eventfold_log as log;
 pub use eventfold_runtime as runtime;
 pub use eventfold_store as store;
 
+pub use app::App;
 pub use eventfold_core::{
     Actions, Aggregate, AggregateTest, Context, EventMeta, Expect, Index, Input, ProcessContext, ProcessManager,
     ProcessTest, Projection, ProjectionTest, Refusal, Reject, Scope, Subscription, ViewChanges,

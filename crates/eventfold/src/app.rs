@@ -1,0 +1,506 @@
+//! A service's entry point: [`App`] owns the standard flags and their `EVENTFOLD_*`
+//! environment variables, the embedded or Kafka wiring, topic provisioning, the instance
+//! registry, the HTTP API, graceful shutdown and the `views rebuild` subcommand. A
+//! service registers its aggregates, views and process managers in [`App::setup`], and may
+//! add flags of its own (any `clap::Args` type) next to the standard ones.
+//!
+//! ```no_run
+//! use eventfold::app::{App, NoFlags, Services};
+//! use eventfold::{Aggregate, Context, Reject};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Default, Clone, Serialize, Deserialize)]
+//! struct Counter {
+//!     n: u64,
+//! }
+//! #[derive(Serialize, Deserialize)]
+//! #[serde(tag = "type")]
+//! enum Command {
+//!     Add,
+//! }
+//! #[derive(Clone, Serialize, Deserialize)]
+//! #[serde(tag = "type")]
+//! enum Event {
+//!     Added,
+//! }
+//! #[derive(Debug)]
+//! struct Never;
+//! impl std::fmt::Display for Never {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//!         f.write_str("never")
+//!     }
+//! }
+//! impl Reject for Never {
+//!     fn code(&self) -> &'static str {
+//!         "never"
+//!     }
+//! }
+//! impl Aggregate for Counter {
+//!     const TYPE: &'static str = "counter";
+//!     type Command = Command;
+//!     type Event = Event;
+//!     type Rejection = Never;
+//!     type Config = ();
+//!     fn handle(&self, _: Command, _: &Context<'_, ()>) -> Result<Vec<Event>, Never> {
+//!         Ok(vec![Event::Added])
+//!     }
+//!     fn apply(&mut self, _: &Event) {
+//!         self.n += 1;
+//!     }
+//! }
+//!
+//! fn main() -> anyhow::Result<()> {
+//!     App::new("counter", |_: &NoFlags, s: &mut Services| {
+//!         s.aggregate::<Counter>(());
+//!     })
+//!     .about("counts")
+//!     .run()
+//! }
+//! ```
+
+mod options;
+mod services;
+
+pub use options::ServeOptions;
+pub use services::Services;
+
+use crate::rebuild::ProgressDrawTarget;
+use anyhow::{Context as _, bail};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use eventfold_http::HttpOptions;
+use eventfold_log::Log;
+use eventfold_log::embedded::{self, EmbeddedLog};
+use eventfold_log::kafka::{KafkaLog, KafkaOptions};
+use eventfold_runtime::{RebuildStats, Registry, Runtime, RuntimeOptions, ViewOptions};
+use eventfold_store::{Store, StoreOptions};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often an instance renews its `_instances` entry; one silent for three of these is
+/// taken for gone.
+const REGISTRY_HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// A service without flags of its own.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NoFlags {}
+
+type Setup<F> = Box<dyn Fn(&F, &mut Services) + Send + Sync>;
+type Hint = Box<dyn Fn(SocketAddr) -> String + Send + Sync>;
+
+/// A service binary: its name, its registrations and its own flags `F`.
+pub struct App<F = NoFlags> {
+    name: &'static str,
+    about: &'static str,
+    version: &'static str,
+    hint: Option<Hint>,
+    setup: Setup<F>,
+}
+
+impl<F> std::fmt::Debug for App<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").field("name", &self.name).finish()
+    }
+}
+
+/// The command line: the standard flags, the service's own, and the subcommands.
+#[derive(Parser)]
+struct Cli<F: Args> {
+    #[command(subcommand)]
+    command: Option<Command<F>>,
+    #[command(flatten)]
+    serve: ServeOptions,
+    #[command(flatten)]
+    flags: F,
+}
+
+// Parsed once at start-up: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+enum Command<F: Args> {
+    /// Serve the HTTP API (the default when no subcommand is given).
+    Serve,
+    /// Operate on the views in the data directory (the service must be stopped).
+    Views {
+        #[command(subcommand)]
+        command: ViewsCommand<F>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ViewsCommand<F: Args> {
+    /// Rebuild a view from the event log: clear its rows, indexes and checkpoints, then
+    /// apply every event again, with a progress bar; prints events/s at the end.
+    ///
+    /// Run it with the service stopped (the store allows one process) and with the same
+    /// --data-dir, --app-id and --partitions as the service. In Kafka mode (--kafka, and
+    /// the instance's --instance-id or --data-dir) it reads the events topic
+    /// (read_committed) into that instance's local store; it produces nothing and does
+    /// not join the consumer group.
+    Rebuild {
+        /// The view's name (one the service registers).
+        view: String,
+        #[command(flatten)]
+        opts: ServeOptions,
+        #[command(flatten)]
+        flags: F,
+    },
+}
+
+impl<F: Args + Send + Sync + 'static> App<F> {
+    /// A service called `name` (also its default `--app-id`) whose `setup` registers what
+    /// it runs, given its own flags.
+    pub fn new(name: &'static str, setup: impl Fn(&F, &mut Services) + Send + Sync + 'static) -> Self {
+        Self {
+            name,
+            about: "",
+            version: env!("CARGO_PKG_VERSION"),
+            hint: None,
+            setup: Box::new(setup),
+        }
+    }
+
+    /// The one-line description `--help` shows.
+    pub fn about(mut self, about: &'static str) -> Self {
+        self.about = about;
+        self
+    }
+
+    /// The version `--version` shows (the service's `env!("CARGO_PKG_VERSION")`).
+    pub fn version(mut self, version: &'static str) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// A line printed at start after the address, e.g. a `curl` to try.
+    pub fn hint(mut self, hint: impl Fn(SocketAddr) -> String + Send + Sync + 'static) -> Self {
+        self.hint = Some(Box::new(hint));
+        self
+    }
+
+    /// The clap command: the derived one, named after the service, with its app id as
+    /// the default of `--app-id` (also in `views rebuild`).
+    fn command(&self) -> clap::Command {
+        let default_app = |c: clap::Command| c.mut_arg("app_id", |a| a.default_value(self.name));
+        let cmd = default_app(Cli::<F>::command())
+            .name(self.name)
+            .bin_name(self.name)
+            .about(self.about)
+            .version(self.version);
+        let name = self.name;
+        let examples = format!(
+            "Examples:\n  {name} views rebuild <view> --data-dir /var/lib/{name}\n  {name} views rebuild <view> --kafka 127.0.0.1:9092 --data-dir /var/lib/{name}-kafka-1"
+        );
+        cmd.mut_subcommand("views", |v| {
+            v.mut_subcommand("rebuild", |r| default_app(r).after_help(examples))
+        })
+    }
+
+    /// Parses the command line and runs the service (or the subcommand) until SIGTERM or
+    /// Ctrl-C. Logs go to stderr, filtered by `EVENTFOLD_LOG` (default `info`).
+    pub fn run(self) -> anyhow::Result<()> {
+        self.run_from(std::env::args_os())
+    }
+
+    /// [`App::run`] with the given arguments (the first is the program name).
+    pub fn run_from<I, T>(self, args: I) -> anyhow::Result<()>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        init_logging();
+        if let Err(e) = crate::process::disable_transparent_huge_pages() {
+            tracing::debug!(error = %e, "cannot turn transparent huge pages off; going on with them");
+        }
+        let matches: ArgMatches = self.command().get_matches_from(args);
+        let cli = Cli::<F>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        if matches!(cli.command, Some(Command::Views { .. })) {
+            keep_freed_memory();
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        match cli.command.unwrap_or(Command::Serve) {
+            Command::Serve => rt.block_on(self.serve(cli.serve, cli.flags)),
+            Command::Views {
+                command: ViewsCommand::Rebuild { view, opts, flags },
+            } => {
+                let stats = rt.block_on(self.rebuild_view(&opts, &flags, &view))?;
+                println!("{}", crate::rebuild::summary(&view, &stats));
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves the HTTP API on `opts.http` until SIGTERM or Ctrl-C, then drains: stops
+    /// accepting, finishes the requests in flight, leaves the instance registry and
+    /// flushes the store.
+    pub async fn serve(&self, opts: ServeOptions, flags: F) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
+        let listener =
+            eventfold_http::bind(opts.http).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.http))?;
+        let addr = listener.local_addr()?;
+        // Other instances forward reads to the address really bound (--http may say port 0).
+        let mut opts = opts;
+        opts.advertised_http.get_or_insert_with(|| format!("http://{addr}"));
+        let service = self.start(&opts, &flags)?;
+        let name = self.name;
+        eprintln!(
+            "{name}: serving http://{addr} ({}, {} partitions); restoring, see /readyz",
+            match &opts.kafka {
+                None => format!("embedded log in {}", opts.data_dir().display()),
+                Some(b) => format!("Kafka at {b}, local cache in {}", opts.data_dir().display()),
+            },
+            opts.partitions,
+        );
+        if let Some(hint) = &self.hint {
+            eprintln!("{}", hint(addr));
+        }
+        // The API (and /readyz, which shows restore progress) answers while the partitions
+        // restore; commands for a restoring partition wait (bounded) or get 503.
+        let runtime = service.runtime.clone();
+        tokio::spawn(async move {
+            if runtime.wait_restored(Duration::from_secs(24 * 3600)).await {
+                let ms = started.elapsed().as_millis();
+                let _ = writeln!(std::io::stderr(), "{name}: restored in {ms} ms");
+            }
+        });
+        let shutdown = async move {
+            let ctrl_c = tokio::signal::ctrl_c();
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+            // Not `eprintln!`: a closed stderr must not turn a graceful stop into a panic.
+            let _ = writeln!(std::io::stderr(), "{name}: shutting down");
+        };
+        eventfold_http::serve(listener, service.router, shutdown).await?;
+        if let Some(registry) = service.registry {
+            // Others stop forwarding here at once rather than after the heartbeats run out.
+            registry.leave().await;
+        }
+        flush_store(service.runtime.log().store().clone()).await;
+        Ok(())
+    }
+
+    /// Opens the store and the log, provisions the topics and starts the runtime and the
+    /// HTTP router (inside a tokio runtime), without serving.
+    pub fn start(&self, opts: &ServeOptions, flags: &F) -> anyhow::Result<Running> {
+        opts.check()?;
+        let dir = opts.data_dir();
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        let store_options = StoreOptions {
+            background_nice: opts.background_nice,
+            // In Kafka mode the store is a cache whose writes are never synced one by one.
+            spare_journals: opts.kafka.is_none(),
+            ..StoreOptions::default()
+        };
+        let store =
+            Store::open(&dir, &store_options).with_context(|| format!("cannot open the store in {}", dir.display()))?;
+        let log = open_log(opts, store, false)?;
+        let advertised = opts
+            .advertised_http
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", opts.http));
+        // Kafka mode: announce this instance and the partitions it owns, for routing.
+        let registry = match &opts.kafka {
+            None => None,
+            Some(_) => Some(
+                tokio::task::block_in_place(|| {
+                    Registry::start(
+                        log.clone(),
+                        &opts.app_id,
+                        &opts.instance_id,
+                        &advertised,
+                        REGISTRY_HEARTBEAT,
+                    )
+                })
+                .context("cannot announce this instance on the _instances topic")?,
+            ),
+        };
+        let mut builder = Runtime::builder(opts.runtime_options());
+        if let Some(r) = &registry {
+            let r = r.clone();
+            builder = builder.on_ownership(Arc::new(move |owned| r.set_owned(owned)));
+        }
+        let mut services = Services::new(builder, !opts.no_process_managers);
+        (self.setup)(flags, &mut services);
+        let builder = services.into_builder().view_options(ViewOptions {
+            bulk_catch_up_min_events: opts.bulk_min_records,
+            ..Default::default()
+        });
+        // Kafka mode: every topic is created or checked now, so that one with another
+        // partition count or a policy that would lose data stops the start, with the reason.
+        let topics = builder.topics();
+        tokio::task::block_in_place(|| log.provision(&topics)).context("the app's Kafka topics cannot be used")?;
+        let runtime = builder.build(log);
+        let http = HttpOptions {
+            max_body_bytes: opts.max_body_bytes,
+            advertised_address: advertised,
+            registry: registry.clone(),
+            ..Default::default()
+        };
+        let router = eventfold_http::router(runtime.clone(), http);
+        Ok(Running {
+            runtime,
+            router,
+            registry,
+        })
+    }
+
+    /// Rebuilds view `name` in the data directory from its source events, with a progress
+    /// bar on stderr (see [`crate::rebuild`]): from the embedded log there, or in Kafka
+    /// mode from the events topic (`read_committed`, without producing anything or joining
+    /// the consumer group) into the instance's local store. The service must not be
+    /// running on that directory.
+    pub async fn rebuild_view(&self, opts: &ServeOptions, flags: &F, name: &str) -> anyhow::Result<RebuildStats> {
+        let mut services = Services::new(Runtime::builder(opts.runtime_options()), false);
+        (self.setup)(flags, &mut services);
+        let Some(rebuild) = services.rebuilder(name) else {
+            bail!("unknown view `{name}`; views: {}", services.view_names().join(", "));
+        };
+        let dir = opts.data_dir();
+        if !dir.exists() {
+            bail!("data directory {} does not exist", dir.display());
+        }
+        // The rebuild reads the log once, in order: a block cache of the service's size would
+        // only take memory (first touched, so zeroed by the kernel: time) and evict.
+        let store_options = StoreOptions {
+            cache_bytes: 32 << 20,
+            background_nice: opts.background_nice,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(&dir, &store_options).with_context(|| {
+            format!(
+                "cannot open the store in {} (is the service still running on it? stop it first: the store admits one process)",
+                dir.display()
+            )
+        })?;
+        let log = open_log(opts, store, true)?;
+        rebuild(
+            log,
+            opts.app_id.clone(),
+            ViewOptions::default(),
+            ProgressDrawTarget::stderr(),
+        )
+        .await
+    }
+}
+
+/// A started service: its runtime and HTTP router.
+pub struct Running {
+    /// The runtime (for in-process use and tests).
+    pub runtime: Runtime,
+    /// The HTTP API.
+    pub router: eventfold_http::Router,
+    /// Kafka mode: this instance's entry in `<app-id>._instances` (leave it on shutdown).
+    pub registry: Option<Arc<Registry>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").finish_non_exhaustive()
+    }
+}
+
+/// Logs to stderr, filtered by `EVENTFOLD_LOG`.
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EVENTFOLD_LOG")
+                .unwrap_or_else(|_| "info,fjall=warn,lsm_tree=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        // The service's log is best effort: with stderr closed (a supervisor that stopped
+        // reading it), tracing's own "unable to write" report would be an `eprintln!`,
+        // which panics on EPIPE, in whichever thread logged: a request handler's
+        // connection then closed without an answer.
+        .log_internal_errors(false)
+        .try_init();
+}
+
+/// The log over `store`: the embedded log, or in Kafka mode the Kafka log, read-only for
+/// `reader` (a rebuild: no producer, no group; see `KafkaLog::open_reader`).
+fn open_log(opts: &ServeOptions, store: Store, reader: bool) -> anyhow::Result<Arc<dyn Log>> {
+    Ok(match &opts.kafka {
+        None => Arc::new(EmbeddedLog::open(
+            store,
+            embedded::Options {
+                partitions: opts.partitions,
+                fsync: !opts.no_fsync,
+                committer_nice: opts.committer_nice,
+                ..Default::default()
+            },
+        )?),
+        Some(bootstrap) if reader => {
+            let kafka = opts.kafka_options(bootstrap);
+            let log = tokio::task::block_in_place(|| KafkaLog::open_reader(kafka, store))
+                .with_context(|| format!("cannot read the Kafka log at {bootstrap}"))?;
+            Arc::new(log)
+        }
+        Some(bootstrap) => {
+            // One instance per transactional id: a restarted instance fences its previous
+            // incarnation. Opening connects and initializes transactions (blocking).
+            let kafka: KafkaOptions = opts.kafka_options(bootstrap);
+            let log = tokio::task::block_in_place(|| KafkaLog::open(kafka, store))
+                .with_context(|| format!("cannot start the Kafka log at {bootstrap}"))?;
+            Arc::new(log)
+        }
+    })
+}
+
+/// Makes this process keep the memory it frees, for a batch command such as `views
+/// rebuild` under mimalloc: it allocates and frees gigabytes, and mimalloc returns freed
+/// pages to the OS after 10 ms, then faults them in again (zeroed) for the next
+/// allocations. Unless `MIMALLOC_PURGE_DELAY` is set already, the process re-executes
+/// itself once with it set to -1 (never return freed memory; the command exits when
+/// done). A failed exec is logged and the command goes on as it is.
+fn keep_freed_memory() {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot find the executable to set MIMALLOC_PURGE_DELAY");
+                return;
+            }
+        };
+        let e = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("MIMALLOC_PURGE_DELAY", "-1")
+            .exec();
+        tracing::debug!(error = %e, "cannot re-execute with MIMALLOC_PURGE_DELAY=-1; going on without");
+    }
+}
+
+/// Writes the store's memtables to table files on a graceful stop, so that the next start
+/// does not replay the journals. Failing here loses nothing: the journal still holds every
+/// write. Logged through `tracing`, which, unlike `eprintln!`, does not panic when stderr
+/// has been closed meanwhile (a supervisor gone, a test that stopped reading).
+async fn flush_store(store: Store) {
+    let started = std::time::Instant::now();
+    match tokio::task::spawn_blocking(move || store.flush()).await {
+        Ok(Ok(())) => tracing::info!(ms = started.elapsed().as_millis() as u64, "store flushed"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not flush the store; the next start replays its journal"),
+        Err(e) => tracing::warn!(error = %e, "the store flush failed; the next start replays its journal"),
+    }
+}
+
+impl ServeOptions {
+    /// The runtime's options from the flags.
+    fn runtime_options(&self) -> RuntimeOptions {
+        RuntimeOptions {
+            app_id: self.app_id.clone(),
+            instance_id: self.instance_id.clone(),
+            dedup_window: Duration::from_secs(self.dedup_window_secs),
+            command_timeout: Duration::from_secs(self.command_timeout_secs),
+            restore_bulk_min_records: self.bulk_min_records,
+            ..Default::default()
+        }
+    }
+}
