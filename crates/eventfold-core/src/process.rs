@@ -51,6 +51,8 @@ pub struct Refusal {
 /// The outcome of a command a process manager sent.
 #[derive(Debug, Clone, Copy)]
 pub struct CommandOutcome<'a> {
+    /// The target's app when it is another app's aggregate (see [`Actions::send_to`]).
+    pub app: Option<&'a str>,
     /// The target's aggregate type.
     pub aggregate_type: &'a str,
     /// The target aggregate.
@@ -100,8 +102,13 @@ pub struct ProcessContext<'a, C> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
-    /// Send `command` to aggregate `aggregate_type`/`aggregate_id`.
+    /// Send `command` to aggregate `aggregate_type`/`aggregate_id` (of app `app` when it
+    /// names another app).
     Send {
+        /// Another app's id (Kafka mode: the command goes to `<app>.<type>.commands`);
+        /// `None`: this service's own aggregate.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        app: Option<String>,
         /// Target aggregate type.
         aggregate_type: String,
         /// Target aggregate id.
@@ -149,14 +156,39 @@ impl Actions {
     /// Sends a command given as JSON (its `"type"` field names it) to aggregate `id` of
     /// type `aggregate_type`: for targets whose Rust types this service does not have.
     pub fn send_json(&mut self, aggregate_type: impl Into<String>, id: impl Into<String>, command: serde_json::Value) {
+        self.push_send(None, aggregate_type.into(), id.into(), command);
+    }
+
+    /// Sends `command` to aggregate `id` of type `A` in another app, `app` (Kafka mode:
+    /// produced to `<app>.<type>.commands`, its outcome read from `<app>.<type>.results`;
+    /// the two apps must use the same partition count). Its outcome comes back as an
+    /// [`Input::Outcome`] like a local one's.
+    pub fn send_to<A: Aggregate>(&mut self, app: impl Into<String>, id: impl Into<String>, command: A::Command) {
+        let command = serde_json::to_value(&command).expect("commands serialize to JSON");
+        self.push_send(Some(app.into()), A::TYPE.into(), id.into(), command);
+    }
+
+    /// [`Actions::send_to`] with the command given as JSON.
+    pub fn send_json_to(
+        &mut self,
+        app: impl Into<String>,
+        aggregate_type: impl Into<String>,
+        id: impl Into<String>,
+        command: serde_json::Value,
+    ) {
+        self.push_send(Some(app.into()), aggregate_type.into(), id.into(), command);
+    }
+
+    fn push_send(&mut self, app: Option<String>, aggregate_type: String, id: String, command: serde_json::Value) {
         let command_type = command
             .get("type")
             .and_then(|t| t.as_str())
             .unwrap_or_default()
             .to_owned();
         self.items.push(Action::Send {
-            aggregate_type: aggregate_type.into(),
-            aggregate_id: id.into(),
+            app,
+            aggregate_type,
+            aggregate_id: id,
             command_type,
             command,
         });
@@ -202,6 +234,7 @@ type Decode<E> = dyn Fn(&[u8]) -> Result<E, String> + Send + Sync;
 /// An aggregate type's events that a process manager reads, and how they become its
 /// input type.
 pub struct Subscription<E> {
+    app: Option<String>,
     aggregate_type: &'static str,
     decode: Box<Decode<E>>,
 }
@@ -209,6 +242,7 @@ pub struct Subscription<E> {
 impl<E> std::fmt::Debug for Subscription<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subscription")
+            .field("app", &self.app)
             .field("aggregate_type", &self.aggregate_type)
             .finish()
     }
@@ -218,6 +252,7 @@ impl<E: 'static> Subscription<E> {
     /// Every event of aggregate type `A`, wrapped by `wrap` into the input type.
     pub fn to<A: Aggregate>(wrap: fn(A::Event) -> E) -> Self {
         Self {
+            app: None,
             aggregate_type: A::TYPE,
             decode: Box::new(move |bytes| {
                 serde_json::from_slice::<A::Event>(bytes)
@@ -225,6 +260,20 @@ impl<E: 'static> Subscription<E> {
                     .map_err(|e| format!("not an event of `{}`: {e}", A::TYPE))
             }),
         }
+    }
+
+    /// Every event of aggregate type `A` of another app, `app` (Kafka mode: read from
+    /// `<app>.<type>.events`, which must have this service's partition count).
+    pub fn from_app<A: Aggregate>(app: impl Into<String>, wrap: fn(A::Event) -> E) -> Self {
+        Self {
+            app: Some(app.into()),
+            ..Self::to::<A>(wrap)
+        }
+    }
+
+    /// The other app whose events it reads; `None`: this service's own.
+    pub fn app(&self) -> Option<&str> {
+        self.app.as_deref()
     }
 
     /// The aggregate type read.
@@ -252,8 +301,9 @@ pub trait ProcessManager: Default + Clone + Serialize + DeserializeOwned + Send 
     /// Static configuration (use `()` when there is none).
     type Config: Clone + Default + Send + Sync + 'static;
 
-    /// The aggregate types whose events it reads.
-    fn subscriptions() -> Vec<Subscription<Self::Event>>;
+    /// The aggregate types whose events it reads (the configuration may name another app
+    /// to read them from, see [`Subscription::from_app`]).
+    fn subscriptions(config: &Self::Config) -> Vec<Subscription<Self::Event>>;
 
     /// The correlation key of an event, or `None` when the event is not for this process
     /// manager.

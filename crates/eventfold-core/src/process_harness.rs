@@ -26,6 +26,12 @@ impl Expect {
         a.send::<A>(id, command);
         Self(a.into_vec().remove(0))
     }
+    /// A command sent to aggregate `id` of type `A` of another app, `app`.
+    pub fn send_to<A: Aggregate>(app: &str, id: &str, command: A::Command) -> Self {
+        let mut a = Actions::new();
+        a.send_to::<A>(app, id, command);
+        Self(a.into_vec().remove(0))
+    }
     /// A timer scheduled at `due_ms`.
     pub fn schedule(timer: &str, due_ms: i64) -> Self {
         Self(Action::Schedule {
@@ -47,6 +53,17 @@ fn to_json(actions: &[Action]) -> String {
     serde_json::to_string_pretty(actions).expect("actions serialize")
 }
 
+/// A command a reaction sent that has no outcome yet.
+#[derive(Debug)]
+struct Sent {
+    key: String,
+    app: Option<String>,
+    aggregate_type: String,
+    aggregate_id: String,
+    command_type: String,
+    command_id: String,
+}
+
 /// Test driver for a process manager (all keys).
 pub struct ProcessTest<P: ProcessManager> {
     config: P::Config,
@@ -54,8 +71,8 @@ pub struct ProcessTest<P: ProcessManager> {
     states: BTreeMap<String, P>,
     /// Pending timers per key: id -> due.
     timers: BTreeMap<String, BTreeMap<String, i64>>,
-    /// Commands sent and not answered yet: (key, type, id, command type, command id).
-    sent: Vec<(String, String, String, String, String)>,
+    /// Commands sent and not answered yet.
+    sent: Vec<Sent>,
     /// The actions of the last `when`, and the key they were for.
     last: Option<(Option<String>, Vec<Action>)>,
     events: u64,
@@ -148,26 +165,27 @@ impl<P: ProcessManager> ProcessTest<P> {
         let Some(i) = self
             .sent
             .iter()
-            .position(|(_, t, target, _, _)| t == aggregate_type && target == id)
+            .position(|s| s.aggregate_type == aggregate_type && s.aggregate_id == id)
         else {
             panic!("no command to {aggregate_type}/{id} is waiting for an outcome");
         };
-        let (key, t, target, command_type, command_id) = self.sent.remove(i);
+        let sent = self.sent.remove(i);
         let input = Input::Outcome(CommandOutcome {
-            aggregate_type: &t,
-            aggregate_id: &target,
-            command_type: &command_type,
-            command_id: &command_id,
+            app: sent.app.as_deref(),
+            aggregate_type: &sent.aggregate_type,
+            aggregate_id: &sent.aggregate_id,
+            command_type: &sent.command_type,
+            command_id: &sent.command_id,
             result: result.as_ref().map(|v| *v),
         });
         let ts = self.timestamp_ms;
-        self.react(key, input, ts);
+        self.react(sent.key.clone(), input, ts);
         self
     }
 
     #[track_caller]
     fn feed<A: Aggregate>(&mut self, id: &str, event: &A::Event) {
-        let subs = P::subscriptions();
+        let subs = P::subscriptions(&self.config);
         let Some(sub) = subs.iter().find(|s| s.aggregate_type() == A::TYPE) else {
             panic!("process manager `{}` does not subscribe to `{}`", P::NAME, A::TYPE);
         };
@@ -209,17 +227,19 @@ impl<P: ProcessManager> ProcessTest<P> {
         for a in &actions {
             match a {
                 Action::Send {
+                    app,
                     aggregate_type,
                     aggregate_id,
                     command_type,
                     ..
-                } => self.sent.push((
-                    key.clone(),
-                    aggregate_type.clone(),
-                    aggregate_id.clone(),
-                    command_type.clone(),
-                    format!("command-{}", self.sent.len()),
-                )),
+                } => self.sent.push(Sent {
+                    key: key.clone(),
+                    app: app.clone(),
+                    aggregate_type: aggregate_type.clone(),
+                    aggregate_id: aggregate_id.clone(),
+                    command_type: command_type.clone(),
+                    command_id: format!("command-{}", self.sent.len()),
+                }),
                 Action::Schedule { timer, due_ms } => {
                     timers.insert(timer.clone(), *due_ms);
                 }
@@ -346,7 +366,7 @@ mod tests {
         const NAME: &'static str = "echo";
         type Event = Ev;
         type Config = ();
-        fn subscriptions() -> Vec<Subscription<Ev>> {
+        fn subscriptions(_: &()) -> Vec<Subscription<Ev>> {
             vec![Subscription::to::<Counter>(|e| e)]
         }
         fn correlate(event: &Ev, meta: &EventMeta<'_>) -> Option<String> {

@@ -49,6 +49,8 @@ pub struct RuntimeBuilder {
     view_options: ViewOptions,
     ownership_hook: Option<OwnershipHook>,
     processes: Vec<(&'static str, crate::process::Starter)>,
+    /// Other apps' events topics the process managers read (Kafka mode), to provision.
+    foreign_sources: Vec<Arc<str>>,
     process_options: crate::process::ProcessOptions,
 }
 
@@ -99,9 +101,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Registers process manager `P` with its configuration (the aggregate types it reads
-    /// and sends commands to must be registered too, before `build`). Embedded log only
-    /// so far: in Kafka mode it is reported failed.
+    /// Registers process manager `P` with its configuration (this service's aggregate
+    /// types it reads and sends commands to must be registered too, before `build`;
+    /// another app's, see [`eventfold_core::Subscription::from_app`], are reached in Kafka
+    /// mode only).
     pub fn process_manager<P: eventfold_core::ProcessManager>(mut self, config: P::Config) -> Self {
         assert!(
             eventfold_core::process::valid_name(P::NAME),
@@ -113,6 +116,14 @@ impl RuntimeBuilder {
             "process manager `{}` registered twice",
             P::NAME
         );
+        for sub in P::subscriptions(&config) {
+            if let Some(app) = sub.app() {
+                let events = Topics::new(app, sub.aggregate_type()).events;
+                if !self.foreign_sources.contains(&events) {
+                    self.foreign_sources.push(events);
+                }
+            }
+        }
         self.processes.push((P::NAME, crate::process::starter::<P>(config)));
         self
     }
@@ -157,8 +168,9 @@ impl RuntimeBuilder {
     }
 
     /// Every topic of the aggregates registered so far (`<app>.<type>.{commands, events,
-    /// state, results}`) and of the process managers (`<app>.<name>.state`), for
-    /// [`Log::provision`] before [`RuntimeBuilder::build`].
+    /// state, results}`), of the process managers (`<app>.<name>.state`) and the other
+    /// apps' events topics they read (checked for the partition count like the others),
+    /// for [`Log::provision`] before [`RuntimeBuilder::build`].
     pub fn topics(&self) -> Vec<Arc<str>> {
         let app = &self.options.app_id;
         self.topic_sets()
@@ -169,6 +181,7 @@ impl RuntimeBuilder {
                     .iter()
                     .map(|(name, _)| crate::process::changelog_topic(app, name)),
             )
+            .chain(self.foreign_sources.iter().cloned())
             .collect()
     }
 
@@ -281,6 +294,19 @@ impl RuntimeBuilder {
             };
             views.insert(name.to_owned(), slot);
         }
+        let foreign = grouped.then(|| {
+            crate::process::Foreign::new(
+                log.clone(),
+                self.clock.clone(),
+                format!("{}-{}", self.options.app_id, self.options.instance_id),
+                self.options.command_timeout,
+            )
+        });
+        let targets = Arc::new(crate::process::Targets::new(
+            self.options.app_id.clone(),
+            services.clone(),
+            foreign,
+        ));
         let processes = self
             .processes
             .into_iter()
@@ -288,7 +314,7 @@ impl RuntimeBuilder {
             .map(|(i, (name, start))| {
                 let with = crate::process::StartWith {
                     log: &log,
-                    services: &services,
+                    targets: &targets,
                     clock: &self.clock,
                     options: &self.process_options,
                     app: &self.options.app_id,
@@ -532,6 +558,7 @@ impl Runtime {
             view_options: ViewOptions::default(),
             ownership_hook: None,
             processes: Vec::new(),
+            foreign_sources: Vec::new(),
             process_options: crate::process::ProcessOptions::default(),
         }
     }

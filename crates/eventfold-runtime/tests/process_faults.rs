@@ -56,7 +56,7 @@ impl ProcessManager for Mirror {
     const NAME: &'static str = "mirror";
     type Event = CounterEvent;
     type Config = Bug;
-    fn subscriptions() -> Vec<Subscription<CounterEvent>> {
+    fn subscriptions(_: &Self::Config) -> Vec<Subscription<CounterEvent>> {
         vec![Subscription::to::<Counter>(|e| e)]
     }
     fn correlate(_: &CounterEvent, meta: &EventMeta<'_>) -> Option<String> {

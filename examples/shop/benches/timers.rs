@@ -46,7 +46,7 @@ impl ProcessManager for Alarm {
     const NAME: &'static str = "alarm";
     type Event = OrderEvent;
     type Config = ();
-    fn subscriptions() -> Vec<Subscription<OrderEvent>> {
+    fn subscriptions(_: &Self::Config) -> Vec<Subscription<OrderEvent>> {
         vec![Subscription::to::<Order>(|e| e)]
     }
     fn correlate(event: &OrderEvent, meta: &EventMeta<'_>) -> Option<String> {

@@ -17,19 +17,28 @@ pub struct ShopFlags {
     /// Seconds an order may stay `placed` before the order flow cancels it as expired.
     #[arg(long, env = "EVENTFOLD_ORDER_EXPIRY_SECS", default_value_t = 3600)]
     pub order_expiry_secs: u64,
+    /// Kafka mode: authorize payments in this other app's `payment` aggregate (for example
+    /// the `payments` example service, started with the same --partitions and
+    /// --kafka) instead of the shop's own: the order flow reads `<app>.payment.events`
+    /// and sends to `<app>.payment.commands`, and the shop runs no `payment` aggregate.
+    #[arg(long, env = "EVENTFOLD_PAYMENTS_APP", value_name = "APP_ID")]
+    pub payments_app: Option<String>,
 }
 
 /// Registers the shop's aggregates, views and process managers (the order flow: payment
 /// on confirm, ship when paid, cancel when declined, expiry; and the cascading delete of
 /// a deleted customer's orders; `--no-process-managers` leaves both out).
 pub fn register(flags: &ShopFlags, s: &mut Services) {
-    s.aggregate::<Order>(())
-        .aggregate::<Payment>(PaymentConfig {
+    s.aggregate::<Order>(());
+    if flags.payments_app.is_none() {
+        s.aggregate::<Payment>(PaymentConfig {
             decline_above_cents: flags.decline_above_cents,
-        })
-        .aggregate::<Customer>(())
+        });
+    }
+    s.aggregate::<Customer>(())
         .process_manager::<OrderFlow>(FlowConfig {
             order_expiry: Duration::from_secs(flags.order_expiry_secs),
+            payments_app: flags.payments_app.clone(),
         })
         .process_manager::<CustomerOrders>(())
         .view::<OrdersView>()

@@ -44,6 +44,7 @@ fn the_expiry_is_configurable() {
     ProcessTest::<OrderFlow>::new()
         .with_config(FlowConfig {
             order_expiry: Duration::from_secs(2),
+            ..FlowConfig::default()
         })
         .at(10)
         .when::<Order>("o-1", placed(500))
@@ -76,6 +77,39 @@ fn payment_on_confirm_asks_for_the_total_with_added_items() {
             ),
         ])
         .then_timers("o-1", &[]);
+}
+
+#[test]
+fn with_a_payments_app_the_authorization_goes_there_and_its_payment_events_drive_the_flow() {
+    ProcessTest::<OrderFlow>::new()
+        .with_config(FlowConfig {
+            payments_app: Some("payments".into()),
+            ..FlowConfig::default()
+        })
+        .at(1_000)
+        .given::<Order>("o-1", [placed(500)])
+        .when::<Order>("o-1", OrderEvent::OrderConfirmed)
+        .then([
+            Expect::cancel(EXPIRY_TIMER),
+            Expect::send_to::<Payment>(
+                "payments",
+                "pay-o-1",
+                PaymentCommand::AuthorizePayment {
+                    order_id: "o-1".into(),
+                    amount_cents: 500,
+                },
+            ),
+        ])
+        .when_accepted("payment", "pay-o-1", 1)
+        .then_nothing()
+        .when::<Payment>(
+            "pay-o-1",
+            PaymentEvent::PaymentAuthorized {
+                order_id: "o-1".into(),
+                amount_cents: 500,
+            },
+        )
+        .then([Expect::send::<Order>("o-1", OrderCommand::ShipOrder)]);
 }
 
 #[test]

@@ -5,44 +5,11 @@
 
 mod common;
 
-use common::{get, get_text, post, start};
+use common::{confirm, events, get, get_text, place, post, start, types};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 const DECLINE_ABOVE: u64 = 10_000;
-
-fn place(url: &str, order: &str, total_cents: u64) {
-    let body = json!({
-        "type": "PlaceOrder",
-        "customer_id": "c-1",
-        "items": [{"sku": "sku-1", "qty": 1, "price_cents": total_cents}],
-    });
-    let (status, answer) = post(
-        url,
-        &format!("/v1/aggregates/order/{order}/commands"),
-        &body.to_string(),
-        "",
-    );
-    assert_eq!(status, 200, "{answer}");
-}
-
-fn confirm(url: &str, order: &str) -> (u16, Value) {
-    post(
-        url,
-        &format!("/v1/aggregates/order/{order}/commands"),
-        r#"{"type":"ConfirmOrder"}"#,
-        "",
-    )
-}
-
-fn events(url: &str, aggregate: &str, id: &str) -> Vec<Value> {
-    let (status, body) = get(url, &format!("/v1/aggregates/{aggregate}/{id}/events"));
-    if status == 404 {
-        return Vec::new();
-    }
-    assert_eq!(status, 200, "{body}");
-    body.as_array().unwrap().clone()
-}
 
 /// The order flow's state in a `/readyz` body.
 fn flow_state(ready: &Value) -> String {
@@ -52,10 +19,6 @@ fn flow_state(ready: &Value) -> String {
         .and_then(|p| p["state"].as_str())
         .unwrap_or_default()
         .to_owned()
-}
-
-fn types(events: &[Value]) -> Vec<String> {
-    events.iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect()
 }
 
 /// Waits until the order's last event is `last` (and returns its events).

@@ -273,7 +273,13 @@ async fn crash_run(kafka: Option<(String, String)>) {
     );
 
     if let Some((bootstrap, app)) = &kafka {
-        let failures = check_topics(bootstrap, app, &placed);
+        let confirmed = placed.iter().filter(|p| p.confirmed).count();
+        let failures = common::check_flow_topics(
+            bootstrap,
+            &format!("{app}.order.events"),
+            &format!("{app}.payment.events"),
+            confirmed,
+        );
         assert!(
             failures.is_empty(),
             "{} failures:\n{}",
@@ -304,55 +310,4 @@ async fn crash_run(kafka: Option<(String, String)>) {
         }
     }
     drop(shops);
-}
-
-/// Reads the events topics with an independent `read_committed` consumer: no command
-/// wrote events twice, and every reaction of the order flow has its cause (the event its
-/// `ef-causation-id` names, of the right type and order).
-fn check_topics(bootstrap: &str, app: &str, placed: &[Placed]) -> Vec<String> {
-    let mut failures = Vec::new();
-    let orders = common::read_committed(bootstrap, &format!("{app}.order.events"), 4);
-    let payments = common::read_committed(bootstrap, &format!("{app}.payment.events"), 4);
-    let mut by_command: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    let mut by_id: std::collections::HashMap<&str, (&str, &Value)> = std::collections::HashMap::new();
-    for (key, h, v) in orders.iter().chain(&payments) {
-        *by_command.entry(h["ef-command-id"].as_str()).or_default() += 1;
-        by_id.insert(h["ef-id"].as_str(), (key.as_str(), v));
-    }
-    for (command, n) in &by_command {
-        if *n != 1 {
-            failures.push(format!(
-                "command {command} wrote {n} events (each command here writes one)"
-            ));
-        }
-    }
-    let cause_of = |h: &std::collections::HashMap<String, String>| by_id.get(h["ef-causation-id"].as_str()).copied();
-    for (key, h, v) in payments.iter() {
-        match cause_of(h) {
-            Some((order, cause)) if cause["type"] == "OrderConfirmed" && format!("pay-{order}") == *key => {}
-            other => failures.push(format!("payment event of {key} ({}) caused by {other:?}", v["type"])),
-        }
-    }
-    for (key, h, v) in orders.iter() {
-        let expected = match (v["type"].as_str(), v["reason"].as_str()) {
-            (Some("OrderShipped"), _) => "PaymentAuthorized",
-            (Some("OrderCancelled"), Some("payment_declined")) => "PaymentDeclined",
-            _ => continue,
-        };
-        match cause_of(h) {
-            Some((payment, cause)) if cause["type"] == expected && payment == format!("pay-{key}") => {}
-            other => failures.push(format!(
-                "{} of {key} caused by {other:?}, expected a {expected}",
-                v["type"]
-            )),
-        }
-    }
-    let confirmed = placed.iter().filter(|p| p.confirmed).count();
-    if payments.len() != confirmed {
-        failures.push(format!(
-            "{} payment events for {confirmed} confirmed orders",
-            payments.len()
-        ));
-    }
-    failures
 }

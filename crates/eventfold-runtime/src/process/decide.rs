@@ -13,6 +13,9 @@ use std::panic::AssertUnwindSafe;
 pub(crate) struct Command {
     /// The correlation key that sent it (its outcome goes back there).
     pub key: String,
+    /// Another app's id when the target is that app's aggregate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
     pub aggregate_type: String,
     pub aggregate_id: String,
     pub command_type: String,
@@ -144,7 +147,7 @@ pub(crate) fn decide<P: ProcessManager>(
     steps: Vec<Step<P::Event>>,
     mut pre: Prefetched<P>,
     config: &P::Config,
-    known: &dyn Fn(&str) -> bool,
+    known: &dyn Fn(Option<&str>, &str) -> bool,
 ) -> Result<Plan, String> {
     let original = pre.timers.clone();
     let mut plan = Plan::default();
@@ -237,6 +240,7 @@ fn react_to<P: ProcessManager>(
             ..
         } => {
             let input = Input::Outcome(CommandOutcome {
+                app: command.app.as_deref(),
                 aggregate_type: &command.aggregate_type,
                 aggregate_id: &command.aggregate_id,
                 command_type: &command.command_type,
@@ -262,21 +266,28 @@ fn apply<P: ProcessManager>(
     reaction: &Reaction,
     timers: &mut Timers,
     plan: &mut Plan,
-    known: &dyn Fn(&str) -> bool,
+    known: &dyn Fn(Option<&str>, &str) -> bool,
 ) -> Result<bool, String> {
     let mut finished = false;
     let mut step_no = 0;
     for action in actions.into_vec() {
         match action {
             Action::Send {
+                app,
                 aggregate_type,
                 aggregate_id,
                 command_type,
                 command,
             } => {
-                if !known(&aggregate_type) {
+                if !known(app.as_deref(), &aggregate_type) {
+                    let target = match &app {
+                        Some(app) => format!(
+                            "app `{app}`'s aggregate type `{aggregate_type}`, which cannot be reached (another app's aggregates are reached through Kafka only)"
+                        ),
+                        None => format!("aggregate type `{aggregate_type}`, which is not registered"),
+                    };
                     return Err(format!(
-                        "process manager `{}` sent {command_type} to aggregate type `{aggregate_type}`, which is not registered (reacting to {})",
+                        "process manager `{}` sent {command_type} to {target} (reacting to {})",
                         P::NAME,
                         reaction.what
                     ));
@@ -285,6 +296,7 @@ fn apply<P: ProcessManager>(
                 step_no += 1;
                 plan.sends.push(Command {
                     key: key.to_owned(),
+                    app,
                     aggregate_type,
                     aggregate_id,
                     command_type,
@@ -411,7 +423,7 @@ mod tests {
         const NAME: &'static str = "counter";
         type Event = u32;
         type Config = ();
-        fn subscriptions() -> Vec<Subscription<u32>> {
+        fn subscriptions(_: &()) -> Vec<Subscription<u32>> {
             Vec::new()
         }
         fn correlate(event: &u32, meta: &EventMeta<'_>) -> Option<String> {
@@ -456,7 +468,7 @@ mod tests {
 
     fn run(mut steps: Vec<Step<u32>>, pre: Prefetched<Counter>) -> Result<Plan, String> {
         correlate::<Counter>(&mut steps);
-        decide::<Counter>(steps, pre, &(), &|t| t == "target")
+        decide::<Counter>(steps, pre, &(), &|app, t| app.is_none() && t == "target")
     }
 
     #[test]
@@ -515,6 +527,7 @@ mod tests {
         };
         let command = Command {
             key: "a".into(),
+            app: None,
             aggregate_type: "target".into(),
             aggregate_id: "target-a".into(),
             command_type: "Ping".into(),

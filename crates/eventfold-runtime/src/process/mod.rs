@@ -10,7 +10,8 @@
 //!
 //! Owns: the `process` table rows of its process manager and its meta checkpoints
 //! (`pm/<name>/<topic>/<partition>`). Does not touch: aggregates' state or dedup records
-//! (commands go through [`AggregateService::submit`], like any client's).
+//! (commands go through [`AggregateService::submit`](crate::service::AggregateService),
+//! like any client's, or in Kafka mode to another app's commands topic: [`targets`]).
 //!
 //! In Kafka mode one instance at a time runs a process manager (the member of its consumer
 //! group assigned the changelog's partition 0, see [`owner`]); its rows are also written
@@ -23,20 +24,20 @@ mod feed;
 mod outbox;
 mod owner;
 mod shared;
+mod targets;
 mod worker;
 
 use shared::Shared;
 pub use shared::{ProcessOptions, ProcessState};
+pub(crate) use targets::{Foreign, Targets};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::service::AggregateService;
 use eventfold_core::ProcessManager;
 use eventfold_core::time::rfc3339_ms;
 use eventfold_log::Log;
 use serde::Serialize;
 use serde_json::value::RawValue;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -210,7 +211,8 @@ impl ProcessService {
 /// What a registered process manager is started with once the aggregates run.
 pub(crate) struct StartWith<'a> {
     pub log: &'a Arc<dyn Log>,
-    pub services: &'a BTreeMap<String, Arc<dyn AggregateService>>,
+    /// The aggregates it reads and sends to.
+    pub targets: &'a Arc<Targets>,
     pub clock: &'a Arc<dyn Clock>,
     pub options: &'a ProcessOptions,
     /// The app id (Kafka mode: the changelog topic's and the group's prefix).
@@ -232,7 +234,7 @@ pub(crate) fn changelog_topic(app: &str, name: &str) -> Arc<str> {
     changelog::topic(app, name)
 }
 
-/// Starts process manager `P` over `services` (the aggregates it reads and sends to).
+/// Starts process manager `P` over `with.targets` (the aggregates it reads and sends to).
 fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<ProcessService> {
     let svc = Arc::new(ProcessService {
         name: P::NAME,
@@ -244,7 +246,7 @@ fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<Proce
         svc.shared.set_remote();
         let owner = owner::Owner::<P> {
             log: with.log.clone(),
-            services: with.services.clone(),
+            targets: with.targets.clone(),
             clock: with.clock.clone(),
             options: with.options.clone(),
             config,
@@ -260,7 +262,7 @@ fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<Proce
     }
     match worker::Worker::<P>::new(
         with.log,
-        with.services,
+        with.targets,
         with.clock,
         with.options,
         config,

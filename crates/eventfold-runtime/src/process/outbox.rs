@@ -1,18 +1,18 @@
 //! Handing a process manager's commands to their targets, after the unit that wrote them
 //! committed, and bringing each outcome back to the worker.
 //!
-//! A command goes through [`AggregateService::submit`] with its deterministic id as the
-//! idempotency key: handed over again (a retry, a restart after a crash), its target
+//! A command goes to its [`Target`] (this service's aggregate, or another app's through
+//! its commands topic) with its deterministic id as the idempotency key: handed over again (a retry, a restart after a crash), its target
 //! answers with the original outcome instead of running it twice. Outcomes that say
 //! nothing about the command (the target restoring, overloaded, away) are retried with a
 //! growing pause; the others are the command's outcome.
 
 use super::decide::Command;
+use super::targets::Target;
 use crate::error::Error;
-use crate::service::{AggregateService, CommandRequest};
+use crate::service::CommandRequest;
 use eventfold_core::Outcome;
 use eventfold_core::process::Refusal;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -37,12 +37,7 @@ fn backoff(attempt: u32) -> Duration {
 }
 
 /// Hands `command` to `target` until it has an outcome, then sends it on `answers`.
-pub(crate) async fn deliver(
-    target: Arc<dyn AggregateService>,
-    seq: u64,
-    command: Command,
-    answers: mpsc::UnboundedSender<Answer>,
-) {
+pub(crate) async fn deliver(target: Target, seq: u64, command: Command, answers: mpsc::UnboundedSender<Answer>) {
     let mut attempt = 0u32;
     let result = loop {
         let request = CommandRequest {
@@ -53,7 +48,7 @@ pub(crate) async fn deliver(
             correlation_id: Some(command.correlation_id.clone()),
             causation_id: command.causation_id.clone(),
         };
-        match target.submit(request).await {
+        match target.submit(&command.command_type, request).await {
             Ok(Outcome::Accepted(a)) => break Ok(a.version),
             Ok(Outcome::Rejected { error, message }) => break Err(Refusal { code: error, message }),
             Err(e @ (Error::BadCommand(_) | Error::BadRequest(_))) => {
@@ -74,7 +69,10 @@ pub(crate) async fn deliver(
                 if attempt == 1 || attempt.is_multiple_of(20) {
                     tracing::warn!(
                         command_id = %command.command_id,
-                        target = %format!("{}/{}", command.aggregate_type, command.aggregate_id),
+                        target = %match &command.app {
+                            Some(app) => format!("{app}/{}/{}", command.aggregate_type, command.aggregate_id),
+                            None => format!("{}/{}", command.aggregate_type, command.aggregate_id),
+                        },
                         attempt,
                         error = %e,
                         "process manager command not delivered yet; retrying"

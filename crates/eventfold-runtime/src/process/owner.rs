@@ -10,12 +10,11 @@
 
 use super::changelog::{self, applied_key};
 use super::shared::{ProcessOptions, Shared};
+use super::targets::Targets;
 use super::worker::{ChangelogTarget, Stop, Worker, checkpoint_key, timers_key};
 use crate::clock::Clock;
-use crate::service::AggregateService;
 use eventfold_core::ProcessManager;
 use eventfold_log::{GroupEvent, Log};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// Everything a process manager's owner needs to start its worker.
 pub(crate) struct Owner<P: ProcessManager> {
     pub log: Arc<dyn Log>,
-    pub services: BTreeMap<String, Arc<dyn AggregateService>>,
+    pub targets: Arc<Targets>,
     pub clock: Arc<dyn Clock>,
     pub options: ProcessOptions,
     pub config: P::Config,
@@ -97,7 +96,7 @@ impl<P: ProcessManager> Owner<P> {
             }
             let worker = match Worker::<P>::new(
                 &self.log,
-                &self.services,
+                &self.targets,
                 &self.clock,
                 &self.options,
                 self.config.clone(),

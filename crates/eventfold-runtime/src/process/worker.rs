@@ -13,14 +13,14 @@ use super::decide::{self, Command, Envelope, Prefetched, Step, Timers};
 use super::feed::Feed;
 use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
+use super::targets::Targets;
 use crate::clock::Clock;
-use crate::service::AggregateService;
+use crate::service::Topics;
 use eventfold_core::envelope::headers;
 use eventfold_core::process::Subscription;
 use eventfold_core::{ProcessManager, RecordRef};
 use eventfold_log::{Append, CommitUnit, Consumed, Log};
 use eventfold_store::{Batch, Store, TimerRow};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -130,7 +130,7 @@ pub(crate) struct Worker<P: ProcessManager> {
     shared: Arc<Shared>,
     subs: Vec<Subscription<P::Event>>,
     sources: Vec<Source>,
-    services: BTreeMap<String, Arc<dyn AggregateService>>,
+    targets: Arc<Targets>,
     wake: Vec<broadcast::Receiver<(Arc<str>, u64)>>,
     answers_tx: mpsc::UnboundedSender<Answer>,
     answers: mpsc::UnboundedReceiver<Answer>,
@@ -151,7 +151,7 @@ impl<P: ProcessManager> Worker<P> {
     /// is not registered, an unreadable store).
     pub(crate) fn new(
         log: &Arc<dyn Log>,
-        services: &BTreeMap<String, Arc<dyn AggregateService>>,
+        targets: &Arc<Targets>,
         clock: &Arc<dyn Clock>,
         options: &ProcessOptions,
         config: P::Config,
@@ -159,20 +159,33 @@ impl<P: ProcessManager> Worker<P> {
         changelog: Option<ChangelogTarget>,
     ) -> Result<Self, String> {
         let store = log.store().clone();
-        let subs = P::subscriptions();
+        let subs = P::subscriptions(&config);
         let mut sources = Vec::new();
         let mut wake = Vec::new();
         for (i, sub) in subs.iter().enumerate() {
             let t = sub.aggregate_type();
-            let svc = services.get(t).ok_or_else(|| {
-                format!(
-                    "process manager `{}` reads aggregate type `{t}`, which is not registered",
-                    P::NAME
-                )
-            })?;
-            wake.push(svc.subscribe());
-            let topic = svc.topics().events.clone();
-            for partition in 0..svc.partition_count() {
+            let (topic, partitions) = match sub.app() {
+                Some(app) => {
+                    if !targets.reaches_other_apps() {
+                        return Err(format!(
+                            "process manager `{}` reads app `{app}`'s aggregate type `{t}`: another app's events are read from Kafka only (start with --kafka)",
+                            P::NAME
+                        ));
+                    }
+                    (Topics::new(app, t).events, log.partitions())
+                }
+                None => {
+                    let svc = targets.local(t).ok_or_else(|| {
+                        format!(
+                            "process manager `{}` reads aggregate type `{t}`, which is not registered",
+                            P::NAME
+                        )
+                    })?;
+                    wake.push(svc.subscribe());
+                    (svc.topics().events.clone(), svc.partition_count())
+                }
+            };
+            for partition in 0..partitions {
                 let key = checkpoint_key(P::NAME, &topic, partition);
                 let next = store
                     .get_meta(&key)
@@ -214,7 +227,7 @@ impl<P: ProcessManager> Worker<P> {
             shared,
             subs,
             sources,
-            services: services.clone(),
+            targets: targets.clone(),
             wake,
             answers_tx,
             answers,
@@ -314,12 +327,20 @@ impl<P: ProcessManager> Worker<P> {
     }
 
     fn hand_over(&mut self, seq: u64, command: Command) -> Result<(), Stop> {
-        let target = self.services.get(&command.aggregate_type).cloned().ok_or_else(|| {
-            format!(
-                "outbox entry {seq} is for aggregate type `{}`, which is not registered",
-                command.aggregate_type
-            )
-        })?;
+        let target = self
+            .targets
+            .get(command.app.as_deref(), &command.aggregate_type)
+            .ok_or_else(|| {
+                format!(
+                    "outbox entry {seq} is for aggregate type `{}`{}, which is not registered",
+                    command.aggregate_type,
+                    command
+                        .app
+                        .as_deref()
+                        .map(|a| format!(" of app `{a}`"))
+                        .unwrap_or_default()
+                )
+            })?;
         self.outstanding += 1;
         self.shared.outstanding.store(self.outstanding, Ordering::Relaxed);
         tokio::spawn(outbox::deliver(target, seq, command, self.answers_tx.clone()));
@@ -461,8 +482,8 @@ impl<P: ProcessManager> Worker<P> {
             }
             pre.timers.insert(key, timers);
         }
-        let services = &self.services;
-        let plan = decide::decide::<P>(steps, pre, &self.config, &|t| services.contains_key(t))?;
+        let targets = &self.targets;
+        let plan = decide::decide::<P>(steps, pre, &self.config, &|app, t| targets.knows(app, t))?;
 
         let mut batch = Batch::new();
         let mut records = changelog::Records::new(self.clock.now_ms());

@@ -50,7 +50,7 @@ impl ProcessManager for CustomerOrders {
     type Event = CascadeEvent;
     type Config = ();
 
-    fn subscriptions() -> Vec<Subscription<CascadeEvent>> {
+    fn subscriptions(_: &()) -> Vec<Subscription<CascadeEvent>> {
         vec![
             Subscription::to::<Order>(CascadeEvent::Order),
             Subscription::to::<Customer>(CascadeEvent::Customer),

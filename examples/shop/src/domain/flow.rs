@@ -10,6 +10,9 @@
 //!   `CancelOrder {reason: "expired"}`; the order itself refuses that unless it is still
 //!   placed, so a confirmation racing the timer wins.
 //!
+//! With `FlowConfig::payments_app` the payments are another app's (Kafka mode): the flow
+//! reads that app's payment events and sends it the authorizations, through its topics.
+//!
 //! The flow of an order ends with its terminal event (shipped or cancelled). A refused
 //! command (for example an expiry that lost to a confirmation) changes nothing.
 
@@ -33,12 +36,17 @@ pub const EXPIRY_TIMER: &str = "expiry";
 pub struct FlowConfig {
     /// How long an order may stay `placed` before it is cancelled as expired.
     pub order_expiry: Duration,
+    /// Kafka mode: the app whose `payment` aggregate authorizes payments (e.g. the
+    /// `payments` example service): the flow reads `<app>.payment.events` and sends
+    /// `AuthorizePayment` to `<app>.payment.commands`. `None`: this service's own.
+    pub payments_app: Option<String>,
 }
 
 impl Default for FlowConfig {
     fn default() -> Self {
         Self {
             order_expiry: Duration::from_secs(3600),
+            payments_app: None,
         }
     }
 }
@@ -80,11 +88,12 @@ impl ProcessManager for OrderFlow {
     type Event = FlowEvent;
     type Config = FlowConfig;
 
-    fn subscriptions() -> Vec<Subscription<FlowEvent>> {
-        vec![
-            Subscription::to::<Order>(FlowEvent::Order),
-            Subscription::to::<Payment>(FlowEvent::Payment),
-        ]
+    fn subscriptions(config: &FlowConfig) -> Vec<Subscription<FlowEvent>> {
+        let payments = match &config.payments_app {
+            Some(app) => Subscription::from_app::<Payment>(app.clone(), FlowEvent::Payment),
+            None => Subscription::to::<Payment>(FlowEvent::Payment),
+        };
+        vec![Subscription::to::<Order>(FlowEvent::Order), payments]
     }
 
     fn correlate(event: &FlowEvent, meta: &EventMeta<'_>) -> Option<String> {
@@ -112,13 +121,15 @@ impl ProcessManager for OrderFlow {
                 FlowEvent::Order(OrderEvent::OrderConfirmed) => {
                     self.stage = Some(FlowStage::AwaitingPayment);
                     actions.cancel(EXPIRY_TIMER);
-                    actions.send::<Payment>(
-                        format!("{PAYMENT_PREFIX}{order}"),
-                        PaymentCommand::AuthorizePayment {
-                            order_id: order.to_owned(),
-                            amount_cents: self.total_cents,
-                        },
-                    );
+                    let payment = format!("{PAYMENT_PREFIX}{order}");
+                    let authorize = PaymentCommand::AuthorizePayment {
+                        order_id: order.to_owned(),
+                        amount_cents: self.total_cents,
+                    };
+                    match &ctx.config.payments_app {
+                        Some(app) => actions.send_to::<Payment>(app.clone(), payment, authorize),
+                        None => actions.send::<Payment>(payment, authorize),
+                    }
                 }
                 FlowEvent::Order(OrderEvent::OrderCancelled { .. } | OrderEvent::OrderShipped) => actions.finish(),
                 FlowEvent::Payment(PaymentEvent::PaymentAuthorized { .. }) => {

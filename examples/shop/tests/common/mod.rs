@@ -5,7 +5,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -22,7 +22,12 @@ impl Drop for Shop {
 }
 
 pub fn shop(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_shop"));
+    service(std::path::Path::new(env!("CARGO_BIN_EXE_shop")), args)
+}
+
+/// A command running the service binary `exe` with `args`.
+pub fn service(exe: &std::path::Path, args: &[&str]) -> Command {
+    let mut c = Command::new(exe);
     c.args(args).env_remove("EVENTFOLD_KAFKA").env("EVENTFOLD_LOG", "warn");
     c
 }
@@ -30,11 +35,34 @@ pub fn shop(args: &[&str]) -> Command {
 /// Starts shop on port 0 and returns it, once `/readyz` answers 200, with the base URL it
 /// printed (it serves HTTP while it restores).
 pub fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
+    start_service(std::path::Path::new(env!("CARGO_BIN_EXE_shop")), dir, extra)
+}
+
+/// [`start`] for the service binary `exe` (built with `eventfold::App`, so it prints
+/// `<name>: serving <url>`).
+pub fn start_service(exe: &std::path::Path, dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
+    let (guard, url, lines) = spawn_service(exe, dir, extra);
+    let ready_by = Instant::now() + Duration::from_secs(60);
+    while get_status(&url, "/readyz") != 200 {
+        assert!(
+            Instant::now() < ready_by,
+            "{} at {url} not ready within 60 s",
+            exe.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (guard, url, lines)
+}
+
+/// Starts the service binary `exe` on port 0 and returns it once it printed its URL
+/// (ready or not).
+pub fn spawn_service(exe: &std::path::Path, dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
+    let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
     let mut args = vec!["--data-dir", dir.to_str().unwrap(), "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     // Owned by the guard at once, so a failing test still kills and reaps it.
     let mut guard = Shop(
-        shop(&args)
+        service(exe, &args)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -54,18 +82,13 @@ pub fn start(dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String
     loop {
         let line = rx
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("shop prints its URL");
+            .unwrap_or_else(|_| panic!("{name} prints its URL: {lines:?}"));
         lines.push(line.clone());
-        if let Some(rest) = line.strip_prefix("shop: serving ") {
+        if let Some(rest) = line.strip_prefix(&format!("{name}: serving ")) {
             let url = rest.split_whitespace().next().unwrap().to_owned();
-            // Keep reading the example line.
-            if let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) {
+            // Keep reading the example line (printed right after, if the service has one).
+            if let Ok(l) = rx.recv_timeout(Duration::from_secs(1)) {
                 lines.push(l);
-            }
-            let ready_by = Instant::now() + Duration::from_secs(60);
-            while get_status(&url, "/readyz") != 200 {
-                assert!(Instant::now() < ready_by, "shop at {url} not ready within 60 s");
-                std::thread::sleep(Duration::from_millis(20));
             }
             return (guard, url, lines);
         }
@@ -232,4 +255,96 @@ pub async fn submit(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Reads the events topics of orders and payments (4 partitions each) with an independent
+/// `read_committed` consumer: no command
+/// wrote events twice, and every reaction of the order flow has its cause (the event its
+/// `ef-causation-id` names, of the right type and order).
+pub fn check_flow_topics(bootstrap: &str, order_events: &str, payment_events: &str, confirmed: usize) -> Vec<String> {
+    let mut failures = Vec::new();
+    let orders = read_committed(bootstrap, order_events, 4);
+    let payments = read_committed(bootstrap, payment_events, 4);
+    let mut by_command: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut by_id: std::collections::HashMap<&str, (&str, &Value)> = std::collections::HashMap::new();
+    for (key, h, v) in orders.iter().chain(&payments) {
+        *by_command.entry(h["ef-command-id"].as_str()).or_default() += 1;
+        by_id.insert(h["ef-id"].as_str(), (key.as_str(), v));
+    }
+    for (command, n) in &by_command {
+        if *n != 1 {
+            failures.push(format!(
+                "command {command} wrote {n} events (each command here writes one)"
+            ));
+        }
+    }
+    let cause_of = |h: &std::collections::HashMap<String, String>| by_id.get(h["ef-causation-id"].as_str()).copied();
+    for (key, h, v) in payments.iter() {
+        match cause_of(h) {
+            Some((order, cause)) if cause["type"] == "OrderConfirmed" && format!("pay-{order}") == *key => {}
+            other => failures.push(format!("payment event of {key} ({}) caused by {other:?}", v["type"])),
+        }
+    }
+    for (key, h, v) in orders.iter() {
+        let expected = match (v["type"].as_str(), v["reason"].as_str()) {
+            (Some("OrderShipped"), _) => "PaymentAuthorized",
+            (Some("OrderCancelled"), Some("payment_declined")) => "PaymentDeclined",
+            _ => continue,
+        };
+        match cause_of(h) {
+            Some((payment, cause)) if cause["type"] == expected && payment == format!("pay-{key}") => {}
+            other => failures.push(format!(
+                "{} of {key} caused by {other:?}, expected a {expected}",
+                v["type"]
+            )),
+        }
+    }
+    if payments.len() != confirmed {
+        failures.push(format!(
+            "{} payment events for {confirmed} confirmed orders",
+            payments.len()
+        ));
+    }
+    failures
+}
+
+/// Places `order` (one line of `total_cents`) for customer `c-1`; must be accepted.
+pub fn place(url: &str, order: &str, total_cents: u64) {
+    let body = json!({
+        "type": "PlaceOrder",
+        "customer_id": "c-1",
+        "items": [{"sku": "sku-1", "qty": 1, "price_cents": total_cents}],
+    });
+    let (status, answer) = post(
+        url,
+        &format!("/v1/aggregates/order/{order}/commands"),
+        &body.to_string(),
+        "",
+    );
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// Sends `ConfirmOrder` to `order`.
+pub fn confirm(url: &str, order: &str) -> (u16, Value) {
+    post(
+        url,
+        &format!("/v1/aggregates/order/{order}/commands"),
+        r#"{"type":"ConfirmOrder"}"#,
+        "",
+    )
+}
+
+/// The events of aggregate `id` of type `aggregate` (none when unknown).
+pub fn events(url: &str, aggregate: &str, id: &str) -> Vec<Value> {
+    let (status, body) = get(url, &format!("/v1/aggregates/{aggregate}/{id}/events"));
+    if status == 404 {
+        return Vec::new();
+    }
+    assert_eq!(status, 200, "{body}");
+    body.as_array().unwrap().clone()
+}
+
+/// The `type` of each event.
+pub fn types(events: &[Value]) -> Vec<String> {
+    events.iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect()
 }
