@@ -70,7 +70,8 @@ pub mod headers {
 pub struct Record {
     /// Partitioning key (the aggregate id for commands, events and state).
     pub key: Vec<u8>,
-    /// The payload (JSON).
+    /// The payload (JSON). Empty is a tombstone in Kafka (a null value, which a compacted
+    /// topic's compaction removes; read back as empty).
     pub value: Vec<u8>,
     /// Headers in order; names from [`headers`] (borrowed: see [`headers::name`]).
     pub headers: Vec<(Cow<'static, str>, Vec<u8>)>,

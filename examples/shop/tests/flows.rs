@@ -94,6 +94,43 @@ fn the_shops_flows_run_on_kafka() {
     let topic = format!("{app}.order_flow.state");
     let (low, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(10)).unwrap();
     assert!(high > low, "{topic} holds the flow's rows: {low}..{high}");
+    // An ended flow's state row is deleted with a tombstone (a null value, which the
+    // topic's compaction removes), not an empty record kept for ever.
+    let ended: &[u8] = b"s\0k-paid";
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "tombstone-checker")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let (mut written, mut tombstone, mut read) = (false, false, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Up to the high watermark, minus the transaction markers at its end.
+    while read < high - 1 && !(written && tombstone) && Instant::now() < deadline {
+        use rdkafka::message::Message;
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        read = m.offset() + 1;
+        if m.key() == Some(ended) {
+            match m.payload() {
+                Some(p) => {
+                    assert!(!p.is_empty(), "a removal is a null value, not an empty one");
+                    written = true;
+                }
+                None => tombstone = true,
+            }
+        }
+    }
+    assert!(
+        written && tombstone,
+        "{topic}: the state of k-paid written {written}, then a tombstone {tombstone}"
+    );
 }
 
 /// Every flow once, checked over HTTP; order ids start with `prefix`.

@@ -743,11 +743,14 @@ impl Committer {
         for (index, a) in appends.enumerate() {
             let r = &a.record;
             let headers = super::common::kafka_headers(r);
-            let mut record = BaseRecord::with_opaque_to(&a.topic, Tag::new(seq, index).pack())
+            let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&a.topic, Tag::new(seq, index).pack())
                 .partition(a.partition as i32)
                 .key(&r.key[..])
-                .payload(&r.value[..])
                 .headers(headers);
+            // An empty value is a null payload: a tombstone, which compaction removes.
+            if !r.value.is_empty() {
+                record = record.payload(&r.value[..]);
+            }
             // librdkafka reads 0 as "now"; a record keeps its own time otherwise.
             if r.timestamp_ms > 0 {
                 record = record.timestamp(r.timestamp_ms);

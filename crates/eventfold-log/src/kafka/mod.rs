@@ -520,12 +520,15 @@ impl Log for KafkaLog {
         let producer = self.shared.clients.sender()?;
         let r = &append.record;
         let headers = common::kafka_headers(r);
-        let record = FutureRecord::to(&append.topic)
+        let mut record = FutureRecord::<[u8], [u8]>::to(&append.topic)
             .partition(append.partition as i32)
-            .key(&r.key)
-            .payload(&r.value)
+            .key(&r.key[..])
             .headers(headers)
             .timestamp(r.timestamp_ms);
+        // An empty value is a null payload: a tombstone, which compaction removes.
+        if !r.value.is_empty() {
+            record = record.payload(&r.value[..]);
+        }
         match producer.send(record, self.shared.options.operation_timeout).await {
             Ok(delivery) => Ok(delivery.offset as u64),
             Err((e, _)) => Err(common::kafka_error(

@@ -5,7 +5,8 @@
 //!
 //! Record keys: `s 0 <key>` (state JSON), `t 0 <key> 0 <timer>` (`due(i64 LE)
 //! correlation id`), `o 0 <seq(u64 BE)>` (outbox entry), `c 0 <topic> 0 <partition>`
-//! (position, u64 LE), `n` (timers pending, u64 LE). An empty value removes the row. Every
+//! (position, u64 LE), `n` (timers pending, u64 LE). An empty value removes the row (a
+//! tombstone: compaction removes the key). Every
 //! record holds a row's whole value, so a replay that applies a record twice leaves the
 //! same rows.
 
