@@ -9,7 +9,7 @@
 //! again (same ids) after a restart until answered.
 
 use super::changelog;
-use super::decide::{self, Command, Envelope, Prefetched, Step, Timers};
+use super::decide::{self, Command, Envelope, Plan, Prefetched, Step, Timers};
 use super::feed::Feed;
 use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
@@ -461,8 +461,33 @@ impl<P: ProcessManager> Worker<P> {
     /// Prefetches, decides and commits one batch, then hands over its commands.
     async fn step(&mut self, mut steps: Vec<Step<P::Event>>) -> Result<(), Stop> {
         decide::correlate::<P>(&mut steps);
+        let pre = self.prefetch(&steps)?;
+        let targets = &self.targets;
+        let plan = decide::decide::<P>(steps, pre, &self.config, &|app, t| targets.knows(app, t))?;
+        let (answered, reactions) = (plan.answered.len() as u64, plan.reactions);
+        let mut batch = Batch::new();
+        let mut records = changelog::Records::new(self.clock.now_ms());
+        let (sends, timers_pending) = self.write_plan(plan, &mut batch, &mut records);
+        self.commit(batch, records).await?;
+
+        for s in &mut self.sources {
+            s.written = s.next;
+        }
+        self.outstanding -= answered;
+        self.timers_pending = timers_pending;
+        self.shared.timers_pending.store(self.timers_pending, Ordering::Relaxed);
+        self.shared.reactions.fetch_add(reactions, Ordering::Relaxed);
+        for (seq, command) in sends {
+            self.hand_over(seq, command)?;
+        }
+        self.shared.outstanding.store(self.outstanding, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The stored states and timers of the keys `steps` concern.
+    fn prefetch(&self, steps: &[Step<P::Event>]) -> Result<Prefetched<P>, Stop> {
         let mut pre = Prefetched::<P>::default();
-        for key in decide::keys(&steps) {
+        for key in decide::keys(steps) {
             if let Some(json) = self
                 .store
                 .get_process_state(P::NAME, &key)
@@ -482,11 +507,19 @@ impl<P: ProcessManager> Worker<P> {
             }
             pre.timers.insert(key, timers);
         }
-        let targets = &self.targets;
-        let plan = decide::decide::<P>(steps, pre, &self.config, &|app, t| targets.knows(app, t))?;
+        Ok(pre)
+    }
 
-        let mut batch = Batch::new();
-        let mut records = changelog::Records::new(self.clock.now_ms());
+    /// Writes `plan` into `batch` and the changelog `records` (states, timers, outbox
+    /// entries with their sequence numbers, answered entries, moved positions, the timer
+    /// count when it changed); returns the commands to hand over after the commit and the
+    /// timers pending then.
+    fn write_plan(
+        &mut self,
+        plan: Plan,
+        batch: &mut Batch,
+        records: &mut changelog::Records,
+    ) -> (Vec<(u64, Command)>, u64) {
         for (key, state) in &plan.states {
             match state {
                 Some(json) => batch.put_process_state(P::NAME, key, json),
@@ -540,6 +573,11 @@ impl<P: ProcessManager> Worker<P> {
             batch.put_meta(&timers_key(P::NAME), timers_pending);
             records.timers_pending(timers_pending);
         }
+        (sends, timers_pending)
+    }
+
+    /// Commits `batch` (and in Kafka mode the changelog `records`) as one unit.
+    async fn commit(&self, batch: Batch, records: changelog::Records) -> Result<(), Stop> {
         // Durable before any command is handed over (I4 for the outbox): one fsynced
         // batch, or in Kafka mode one transaction with the changelog records and the
         // group's generation (I1: a member the group moved on from cannot commit).
@@ -583,18 +621,6 @@ impl<P: ProcessManager> Worker<P> {
             mark.put_meta(&changelog::applied_key(P::NAME), last + 1);
             let _ = self.log.write_local(mark).await;
         }
-
-        for s in &mut self.sources {
-            s.written = s.next;
-        }
-        self.outstanding -= plan.answered.len() as u64;
-        self.timers_pending = timers_pending;
-        self.shared.timers_pending.store(self.timers_pending, Ordering::Relaxed);
-        self.shared.reactions.fetch_add(plan.reactions, Ordering::Relaxed);
-        for (seq, command) in sends {
-            self.hand_over(seq, command)?;
-        }
-        self.shared.outstanding.store(self.outstanding, Ordering::Relaxed);
         Ok(())
     }
 
