@@ -27,6 +27,14 @@ impl Position {
         *e = (*e).max(offset);
     }
 
+    /// Merges `other` in: every mark becomes the higher of the two (positions are vectors
+    /// of partition offsets; a session threads the merge of all its writes).
+    pub fn merge(&mut self, other: &Position) {
+        for (topic, partition, offset) in other.marks() {
+            self.advance(topic, partition, offset);
+        }
+    }
+
     /// The marks, ordered by topic then partition.
     pub fn marks(&self) -> impl Iterator<Item = (&str, u32, u64)> {
         self.marks.iter().map(|((t, p), o)| (t.as_str(), *p, *o))
@@ -114,6 +122,26 @@ mod tests {
         }
         let raw = URL_SAFE_NO_PAD.decode(Position::token_at("t", 2, 9)).unwrap();
         assert_eq!(raw, b"v1;t:2:9");
+    }
+
+    #[test]
+    fn merging_keeps_the_higher_mark_of_every_partition() {
+        let mut a = Position::at("shop.order.events", 0, 5);
+        a.advance("shop.order.events", 1, 9);
+        let mut b = Position::at("shop.order.events", 1, 3);
+        b.advance("shop.customer.events", 2, 4);
+        a.merge(&b);
+        assert_eq!(
+            a.marks().collect::<Vec<_>>(),
+            vec![
+                ("shop.customer.events", 2, 4),
+                ("shop.order.events", 0, 5),
+                ("shop.order.events", 1, 9)
+            ]
+        );
+        let before = a.clone();
+        a.merge(&Position::default());
+        assert_eq!(a, before);
     }
 
     #[test]

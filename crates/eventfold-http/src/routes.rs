@@ -14,8 +14,8 @@ use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use eventfold_core::Outcome;
 use eventfold_core::partition::partition_for;
+use eventfold_core::{Outcome, Position};
 use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, ProcessState, Runtime, ViewState};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
@@ -160,6 +160,14 @@ async fn post_command(
             ApiError::bad_request("malformed_command", format!("cannot read the request body: {e}"))
         }
     })?;
+    // Session consistency (DESIGN §5): the client's last position, merged into this
+    // write's. Checked before the command runs: a bad token writes nothing.
+    let session = header_str(&headers, "x-session-position")?
+        .map(|t| {
+            Position::decode(t.trim())
+                .map_err(|e| ApiError::bad_request("invalid_position", format!("X-Session-Position: {e}")))
+        })
+        .transpose()?;
     let request = CommandRequest {
         aggregate_id: id,
         body: body.to_vec(),
@@ -169,7 +177,23 @@ async fn post_command(
         causation_id: None,
     };
     match svc.submit(request).await? {
-        Outcome::Accepted(a) => Ok((StatusCode::OK, axum::Json(a)).into_response()),
+        Outcome::Accepted(mut a) => {
+            if let Some(mut merged) = session {
+                if !a.position.is_empty() {
+                    // Our own token: it decodes.
+                    let own = Position::decode(&a.position).map_err(|e| {
+                        ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            format!("the write's position: {e}"),
+                        )
+                    })?;
+                    merged.merge(&own);
+                }
+                a.position = merged.encode();
+            }
+            Ok((StatusCode::OK, axum::Json(a)).into_response())
+        }
         Outcome::Rejected { error, message } => Ok((
             StatusCode::UNPROCESSABLE_ENTITY,
             axum::Json(json!({"error": error, "message": message})),

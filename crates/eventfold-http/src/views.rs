@@ -7,8 +7,8 @@
 //! range), `{index}_prefix=v` (string indexes: values starting with `v`, by UTF-8 bytes;
 //! may be combined with `_gte`/`_lt` on the same index), `order=asc|desc` (default `asc`),
 //! `order_by={index}`, `limit` (1..=1000, default 20), `cursor` (the `next_cursor` of the
-//! previous page), `min_position` (a command's `position`: wait until the view has
-//! applied it). Conditions may name several indexes: one **drives** the scan and gives the
+//! previous page), `min_position` (a command's `position`, repeatable: wait until the view has
+//! applied all of them). Conditions may name several indexes: one **drives** the scan and gives the
 //! order (`order_by`, else the first index with a range or prefix, else the first one
 //! named), the others filter the rows it yields. Rows come ordered by (driving value,
 //! key); without any condition or `order_by`, by key.
@@ -62,13 +62,18 @@ fn view(app: &App, name: &str) -> Result<Arc<ViewService>, ApiError> {
     })
 }
 
-/// Waits for `min_position`, if given.
-async fn barrier(app: &App, v: &ViewService, min_position: Option<&str>) -> Result<(), ApiError> {
-    let Some(token) = min_position else {
+/// Waits for every `min_position` given (a query may name several: it waits for their
+/// merge).
+async fn barrier(app: &App, v: &ViewService, min_positions: &[String]) -> Result<(), ApiError> {
+    if min_positions.is_empty() {
         return Ok(());
-    };
-    let pos =
-        Position::decode(token).map_err(|e| ApiError::bad_request("invalid_position", format!("min_position: {e}")))?;
+    }
+    let mut pos = Position::default();
+    for token in min_positions {
+        let p = Position::decode(token)
+            .map_err(|e| ApiError::bad_request("invalid_position", format!("min_position: {e}")))?;
+        pos.merge(&p);
+    }
     v.wait_for(&pos, app.options.view_wait).await?;
     Ok(())
 }
@@ -86,11 +91,10 @@ pub(crate) async fn get_row(
     req: Request,
 ) -> Result<Response, ApiError> {
     let v = view(&app, &name)?;
-    let mut min_position = None;
+    let mut min_positions = Vec::new();
     for (k, val) in pairs(query)? {
         match k.as_str() {
-            "min_position" if min_position.is_none() => min_position = Some(val),
-            "min_position" => return Err(conflict("min_position is given twice")),
+            "min_position" => min_positions.push(val),
             other => {
                 return Err(ApiError::bad_request(
                     "unknown_parameter",
@@ -110,7 +114,7 @@ pub(crate) async fn get_row(
             _ => owner_unavailable(v.source_type(), p).into_response(),
         });
     }
-    barrier(&app, &v, min_position.as_deref()).await?;
+    barrier(&app, &v, &min_positions).await?;
     match v.get(&key)? {
         Some(value) => Ok(axum::Json(json!({"key": key, "value": value})).into_response()),
         None => Err(ApiError::new(
@@ -132,7 +136,7 @@ struct Parsed {
     descending: bool,
     limit: usize,
     cursor: Option<String>,
-    min_position: Option<String>,
+    min_positions: Vec<String>,
 }
 
 fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiError> {
@@ -142,11 +146,12 @@ fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiEr
         descending: false,
         limit: DEFAULT_LIMIT,
         cursor: None,
-        min_position: None,
+        min_positions: Vec::new(),
     };
     let (mut seen, mut first_eq, mut first_range) = (Vec::<String>::new(), None, None);
     for (k, val) in params {
-        if seen.contains(&k) {
+        // Only min_position may repeat (the query waits for all of them).
+        if seen.contains(&k) && k != "min_position" {
             return Err(conflict(format!("parameter `{k}` is given twice")));
         }
         seen.push(k.clone());
@@ -176,7 +181,7 @@ fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiEr
                     })?
             }
             "cursor" => p.cursor = Some(val),
-            "min_position" => p.min_position = Some(val),
+            "min_position" => p.min_positions.push(val),
             "order_by" => {
                 v.index(&val).ok_or_else(|| unknown_index(v, &val))?;
                 p.order_by = Some(val);
@@ -313,7 +318,7 @@ pub(crate) async fn query(
     };
     if let Some(partitions) = shard {
         // One part of a query scattered by another instance.
-        barrier(&app, &v, p.min_position.as_deref()).await?;
+        barrier(&app, &v, &p.min_positions).await?;
         let page = v.query_partitions(&q, Some(&partitions))?;
         let rows: Vec<Value> = page
             .rows
@@ -326,13 +331,13 @@ pub(crate) async fn query(
     let page =
         if v.scope() == Scope::Partitioned && app.options.registry.is_some() && !Forwarder::already_forwarded(&headers)
         {
-            match scatter(&app, &v, &q, p.min_position.as_deref(), &uri).await {
+            match scatter(&app, &v, &q, &p.min_positions, &uri).await {
                 Ok(page) => page,
                 // An instance's refusal (e.g. 504 `view_behind`) or 503 `owner_unavailable`.
                 Err(response) => return Ok(response),
             }
         } else {
-            barrier(&app, &v, p.min_position.as_deref()).await?;
+            barrier(&app, &v, &p.min_positions).await?;
             let page = v.query(&q)?;
             Part {
                 rows: page.rows,
@@ -375,7 +380,7 @@ async fn scatter(
     app: &App,
     v: &ViewService,
     q: &eventfold_runtime::Query,
-    min_position: Option<&str>,
+    min_positions: &[String],
     uri: &Uri,
 ) -> Result<Part, Response> {
     let registry = app.options.registry.as_ref().expect("checked by the caller");
@@ -393,7 +398,7 @@ async fn scatter(
         }
     }
     let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
-    let extra = if min_position.is_some() {
+    let extra = if !min_positions.is_empty() {
         app.options.view_wait
     } else {
         std::time::Duration::ZERO
@@ -402,7 +407,7 @@ async fn scatter(
         .iter()
         .map(|(url, partitions)| forwarder.shard(url, path, partitions, extra));
     let local = async {
-        barrier(app, v, min_position).await?;
+        barrier(app, v, min_positions).await?;
         let page = v.query(q)?;
         Ok::<_, ApiError>(Part {
             rows: page.rows,

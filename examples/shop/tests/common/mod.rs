@@ -97,6 +97,16 @@ pub fn spawn_service(exe: &std::path::Path, dir: &std::path::Path, extra: &[&str
 
 /// POSTs `body` to `url` + `path`; a non-empty `key` goes in `Idempotency-Key`.
 pub fn post(url: &str, path: &str, body: &str, key: &str) -> (u16, serde_json::Value) {
+    let headers: &[(&str, &str)] = if key.is_empty() {
+        &[]
+    } else {
+        &[("Idempotency-Key", key)]
+    };
+    post_with(url, path, body, headers)
+}
+
+/// POSTs `body` to `url` + `path` with `headers`.
+pub fn post_with(url: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, serde_json::Value) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -105,8 +115,8 @@ pub fn post(url: &str, path: &str, body: &str, key: &str) -> (u16, serde_json::V
         let mut req = reqwest::Client::new()
             .post(format!("{url}{path}"))
             .body(body.to_owned());
-        if !key.is_empty() {
-            req = req.header("Idempotency-Key", key);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         let r = req.send().await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or_default())
