@@ -26,4 +26,4 @@ pub use process::{
     Action, Actions, CommandOutcome, EventMeta, Input, ProcessContext, ProcessManager, Refusal, Subscription,
 };
 pub use process_harness::{Expect, ProcessTest};
-pub use projection::{Index, IndexKind, IndexValue, Projection, ProjectionTest, Scope, ViewChanges};
+pub use projection::{Index, IndexKind, IndexValue, Join, Projection, ProjectionTest, Scope, ViewChanges};

@@ -350,6 +350,49 @@ pub enum Scope {
     Partitioned,
 }
 
+/// A field a view's rows carry when they are read, taken from a **lookup table**: the row
+/// of view `table` (a [`Scope::Replicated`] view, which every instance holds whole) whose
+/// key is the value of the row's `key_field`; its `column`, or `null` when the table has
+/// no such row. Evaluated at read time, so a change in the table shows on every joined row
+/// at once (an email change is one write, not one per order) and a rebuilt view joins the
+/// same way as the live one. A query's `min_position` waits for the table too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Join {
+    /// The field the joined value is written to (replacing one of that name).
+    pub field: &'static str,
+    /// The row's field holding the table's key (a string).
+    pub key_field: &'static str,
+    /// The lookup table: a replicated view's name.
+    pub table: &'static str,
+    /// The field of the table's row to take.
+    pub column: &'static str,
+}
+
+impl Join {
+    /// `field` = `table[row[key_field]][column]`, or `null` (see [`Join`]).
+    pub fn lookup(field: &'static str, key_field: &'static str, table: &'static str, column: &'static str) -> Self {
+        Self {
+            field,
+            key_field,
+            table,
+            column,
+        }
+    }
+
+    /// Writes the joined value into `row`, reading the table through `get` (key -> row).
+    pub fn fill(&self, row: &mut Value, get: impl FnOnce(&str) -> Option<Value>) {
+        let joined = row
+            .get(self.key_field)
+            .and_then(Value::as_str)
+            .and_then(get)
+            .and_then(|mut r| r.get_mut(self.column).map(Value::take))
+            .unwrap_or(Value::Null);
+        if let Some(obj) = row.as_object_mut() {
+            obj.insert(self.field.to_owned(), joined);
+        }
+    }
+}
+
 /// A projection: events of [`Projection::Source`] to rows of the view [`Projection::VIEW`].
 /// Pure and deterministic: replaying the same events must build the same rows.
 pub trait Projection: Default + Send + Sync + 'static {
@@ -370,6 +413,10 @@ pub trait Projection: Default + Send + Sync + 'static {
     fn indexes(&self) -> Vec<Index>;
     /// Turns one event into row changes.
     fn apply(&self, event: &Event<'_, <Self::Source as Aggregate>::Event>, view: &mut ViewChanges<'_>);
+    /// Fields filled from lookup tables when rows are read (see [`Join`]); none by default.
+    fn joins(&self) -> Vec<Join> {
+        Vec::new()
+    }
 }
 
 /// A given/when/then harness for projections:
@@ -389,6 +436,8 @@ pub struct ProjectionTest<P: Projection> {
     versions: BTreeMap<String, u64>,
     timestamp_ms: i64,
     errors: Vec<String>,
+    /// Lookup tables the joins read: table -> key -> row.
+    tables: BTreeMap<String, BTreeMap<String, Value>>,
 }
 
 impl<P: Projection> Default for ProjectionTest<P> {
@@ -406,7 +455,37 @@ impl<P: Projection> ProjectionTest<P> {
             versions: BTreeMap::new(),
             timestamp_ms: 0,
             errors: Vec::new(),
+            tables: BTreeMap::new(),
         }
+    }
+
+    /// Puts row `key` (`None`: removes it) in lookup table `table`, which the view's joins
+    /// read when its rows are read ([`ProjectionTest::then_read`]).
+    pub fn with_table_row(mut self, table: &str, key: &str, row: Option<Value>) -> Self {
+        let t = self.tables.entry(table.to_owned()).or_default();
+        match row {
+            Some(r) => t.insert(key.to_owned(), r),
+            None => t.remove(key),
+        };
+        self
+    }
+
+    /// Asserts row `key` as a reader sees it: the stored row with its joins filled from
+    /// the tables given with [`ProjectionTest::with_table_row`].
+    #[track_caller]
+    pub fn then_read(self, key: &str, expected: Value) -> Self {
+        let mut row = self
+            .rows
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| panic!("view `{}` has no row `{key}`", P::VIEW));
+        for join in self.projection.joins() {
+            join.fill(&mut row, |fk| {
+                self.tables.get(join.table).and_then(|t| t.get(fk)).cloned()
+            });
+        }
+        assert_eq!(row, expected, "row `{key}` of view `{}` as read", P::VIEW);
+        self
     }
 
     /// The timestamp of the next event (milliseconds since the epoch).

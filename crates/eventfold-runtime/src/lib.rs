@@ -15,6 +15,7 @@ mod changelog;
 pub mod clock;
 pub mod cluster;
 pub mod error;
+pub mod lookup;
 pub mod metrics;
 mod options;
 pub mod process;

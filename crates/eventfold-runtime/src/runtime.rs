@@ -72,8 +72,10 @@ impl ViewSlot {
 }
 
 impl RuntimeBuilder {
-    /// Registers the view of projection `P` (its source aggregate type must be registered
-    /// too, before `build`).
+    /// Registers the view of projection `P` (a partitioned view's source aggregate type
+    /// must be registered too, before `build`; a replicated view may read the events of a
+    /// type this instance does not run, written by other instances of the app: a lookup
+    /// table).
     ///
     /// Several versions of one view ([`Projection::VERSION`]) may be registered during a
     /// migration: the newest is built side by side while the one stored as serving keeps
@@ -87,15 +89,21 @@ impl RuntimeBuilder {
         );
         assert!(P::VERSION >= 1, "view `{}`: versions start at 1", P::VIEW);
         eventfold_store::Store::check_key("view name", P::VIEW).expect("view names must be valid keys");
-        let starter: ViewStarter = Box::new(|log, services, options| {
+        let app = self.options.app_id.clone();
+        let starter: ViewStarter = Box::new(move |log, services, options| {
             let source = <P::Source as Aggregate>::TYPE;
-            let svc = services.get(source).unwrap_or_else(|| {
-                panic!(
-                    "view `{}` reads aggregate type `{source}`, which is not registered",
+            match services.get(source) {
+                Some(svc) => crate::view::start::<P>(log, svc.topics().clone(), Some(svc), options),
+                // A lookup table of events this instance does not write: every instance
+                // reads all of a replicated view's partitions anyway.
+                None if P::SCOPE == eventfold_core::Scope::Replicated => {
+                    crate::view::start::<P>(log, Topics::new(&app, source), None, options)
+                }
+                None => panic!(
+                    "view `{}` is partitioned and reads aggregate type `{source}`, which is not registered (a partitioned view lives with its source's partitions)",
                     P::VIEW
-                )
-            });
-            crate::view::start::<P>(log, svc, options)
+                ),
+            }
         });
         self.views.push((P::VIEW, P::VERSION, starter));
         self
@@ -294,6 +302,19 @@ impl RuntimeBuilder {
             };
             views.insert(name.to_owned(), slot);
         }
+        // Lookup tables: the joins of every view read the views serving now.
+        // Weak: the views hold the tables, and the runtime holds the views.
+        let slots: Arc<BTreeMap<String, Arc<ViewSlot>>> = Arc::new(views);
+        let tables = crate::lookup::Tables::new({
+            let slots = Arc::downgrade(&slots);
+            move |name| slots.upgrade()?.get(name).map(|s| s.serving())
+        });
+        for (name, slot) in slots.iter() {
+            for svc in std::iter::once(slot.serving()).chain(slot.building()) {
+                check_joins(name, &svc, &slots);
+                svc.set_tables(tables.clone());
+            }
+        }
         let foreign = grouped.then(|| {
             crate::process::Foreign::new(
                 log.clone(),
@@ -327,7 +348,7 @@ impl RuntimeBuilder {
         Runtime {
             inner: Arc::new(Inner {
                 services,
-                views,
+                views: slots,
                 processes,
                 log,
                 options: self.options,
@@ -526,7 +547,7 @@ async fn switch_when_caught_up(
 
 struct Inner {
     services: BTreeMap<String, Arc<dyn AggregateService>>,
-    views: BTreeMap<String, Arc<ViewSlot>>,
+    views: Arc<BTreeMap<String, Arc<ViewSlot>>>,
     log: Arc<dyn Log>,
     options: RuntimeOptions,
     group: Option<Arc<GroupState>>,
@@ -826,6 +847,25 @@ fn partition_gauge(
             p.aggregate,
             p.partition,
             value(p)
+        );
+    }
+}
+
+/// Refuses, at build, a join of view `name` whose table is not a registered replicated
+/// view (a partitioned one holds only some rows on each instance).
+fn check_joins(name: &str, svc: &ViewService, slots: &BTreeMap<String, Arc<ViewSlot>>) {
+    for join in svc.joins() {
+        let table = slots.get(join.table).map(|s| s.serving()).unwrap_or_else(|| {
+            panic!(
+                "view `{name}` joins `{}` from table `{}`, which is not a registered view",
+                join.field, join.table
+            )
+        });
+        assert!(
+            table.scope() == eventfold_core::Scope::Replicated,
+            "view `{name}` joins `{}` from view `{}`, which is partitioned: a lookup table must be Scope::Replicated (every instance holds it whole)",
+            join.field,
+            join.table
         );
     }
 }

@@ -34,10 +34,11 @@
 //! view offline from offset 0.
 
 use crate::error::{Error, Result};
+use crate::lookup::Tables;
 use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
-use eventfold_core::projection::{Event, RowReader};
+use eventfold_core::projection::{Event, Join, RowReader};
 use eventfold_core::{Aggregate, Index, IndexKind, IndexValue, Position, Projection, RecordRef, Scope, ViewChanges};
 use eventfold_log::Log;
 use eventfold_store::{Batch, Scan, Store, encode_prefix, encode_value, view_checkpoint_key};
@@ -49,7 +50,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
@@ -270,6 +271,11 @@ pub struct ViewService {
     unique_conflicts: Vec<AtomicU64>,
     /// Partitions catching up in bulk at once (`rebuild_threads`).
     bulk: Arc<tokio::sync::Semaphore>,
+    /// Fields filled from lookup tables when rows are read.
+    joins: Vec<Join>,
+    /// The lookup tables the joins read (set by the runtime once every view exists; an
+    /// offline rebuild has none and serves nothing).
+    tables: OnceLock<Tables>,
 }
 
 impl std::fmt::Debug for ViewService {
@@ -377,8 +383,25 @@ impl ViewService {
     }
 
     /// Waits until the view has applied every mark of `min` on its source topic (marks of
-    /// other topics do not concern it), at most `timeout`.
+    /// other topics do not concern it), and so have the lookup tables its joins read, at
+    /// most `timeout`.
     pub async fn wait_for(&self, min: &Position, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.wait_own(min, timeout).await?;
+        // A row read joins the lookup tables: they must have applied the position too.
+        if let Some(tables) = self.tables.get() {
+            for join in &self.joins {
+                if let Some(table) = tables.view(join.table) {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    table.wait_own(min, left).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::wait_for`] of this view's own partitions.
+    async fn wait_own(&self, min: &Position, timeout: Duration) -> Result<()> {
         let mut waits = Vec::new();
         for (topic, p, offset) in min.marks() {
             if topic != &*self.source.events {
@@ -512,9 +535,42 @@ impl ViewService {
             return Err(self.not_owner(p));
         }
         match self.store.get_view_row(&self.storage, key)? {
-            Some(json) => raw_json(self.name, key, json).map(Some),
+            Some(json) => self.read_row(key, json).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// A stored row as served: with its joins filled from the lookup tables.
+    fn read_row(&self, key: &str, json: Vec<u8>) -> Result<Box<RawValue>> {
+        if self.joins.is_empty() {
+            return raw_json(self.name, key, json);
+        }
+        let mut doc: Value = serde_json::from_slice(&json)
+            .map_err(|_| corrupt("view_row", format!("{}/{key}", self.name), "row is not JSON"))?;
+        let mut failed = None;
+        for join in &self.joins {
+            join.fill(&mut doc, |fk| {
+                let tables = self.tables.get()?;
+                tables.row(join.table, fk).unwrap_or_else(|e| {
+                    failed = Some(e);
+                    None
+                })
+            });
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        raw_json(self.name, key, doc.to_string().into_bytes())
+    }
+
+    /// Gives the view its lookup tables (once).
+    pub(crate) fn set_tables(&self, tables: Tables) {
+        let _ = self.tables.set(tables);
+    }
+
+    /// The joins of its rows.
+    pub fn joins(&self) -> &[Join] {
+        &self.joins
     }
 
     fn not_owner(&self, p: u32) -> Error {
@@ -624,7 +680,7 @@ impl ViewService {
             .into_iter()
             .map(|h| {
                 Ok(QueryRow {
-                    value: raw_json(self.name, &h.key, h.json)?,
+                    value: self.read_row(&h.key, h.json)?,
                     key: h.key,
                     position: h.position,
                 })
@@ -732,6 +788,8 @@ fn service<P: Projection>(
         options: options.clone(),
         partitions,
         bulk: Arc::new(tokio::sync::Semaphore::new(options.rebuild_threads.max(1))),
+        joins: projection.joins(),
+        tables: OnceLock::new(),
     });
     (svc, projection, starts)
 }
@@ -766,12 +824,17 @@ pub fn rebuild_marker_key(storage: &str) -> String {
 }
 
 /// Starts the processors of projection `P` over the source service `source`.
+///
+/// `source` is `None` for a replicated view of an aggregate type this instance does not
+/// run (a lookup table of events others write): it reads `topics` the same way, polling
+/// (no commit here announces new events).
 pub(crate) fn start<P: Projection>(
     log: &Arc<dyn Log>,
-    source: &Arc<dyn AggregateService>,
+    topics: Topics,
+    source: Option<&Arc<dyn AggregateService>>,
     options: &ViewOptions,
 ) -> Arc<ViewService> {
-    let (svc, projection, starts) = service::<P>(log, source.topics().clone(), Some(source.clone()), options);
+    let (svc, projection, starts) = service::<P>(log, topics, source.cloned(), options);
     // A rebuild that did not finish left the view half cleared: serving it (or building
     // on it) would be wrong, so its partitions stop until the rebuild is run again.
     match log.store().get_meta(&rebuild_marker_key(&svc.storage)) {
@@ -798,7 +861,11 @@ pub(crate) fn start<P: Projection>(
             partitions: log.partitions(),
             next: from,
         };
-        let handle = tokio::spawn(worker.run(source.subscribe()));
+        let wake = match source {
+            Some(s) => s.subscribe(),
+            None => broadcast::channel(1).1, // closed at once: the worker polls
+        };
+        let handle = tokio::spawn(worker.run(wake));
         svc.workers.lock().expect("not poisoned").push(handle);
     }
     svc

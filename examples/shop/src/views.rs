@@ -6,17 +6,20 @@
 //! With several instances (Kafka mode), `orders` is **partitioned** (each instance holds
 //! the orders of the partitions it owns; queries are routed and merged) and `customers`
 //! is **replicated** (every instance holds every customer, so `email` stays unique across
-//! all of them).
+//! all of them, and `orders` rows join it as a lookup table).
 
 use crate::domain::{Customer, CustomerEvent, LineItem, Order, OrderEvent, OrderStatus};
-use eventfold::core::projection::{Event, Index, Projection, Scope, ViewChanges};
+use eventfold::core::projection::{Event, Index, Join, Projection, Scope, ViewChanges};
 use serde_json::{Value, json};
 
 /// `orders`: one row per order, key = order id:
-/// `{customer_id, status, placed_at, total_cents, items}` (`placed_at` is the RFC 3339
-/// timestamp of the `OrderPlaced` event). Indexes: `customer_id` and `status` (strings),
-/// `placed_at` (timestamp) and `total_cents` (number); every index answers equality and
-/// ranges. Partitioned: rows are keyed by the order id, in the order's partition.
+/// `{customer_id, status, placed_at, total_cents, items, customer_email}` (`placed_at` is
+/// the RFC 3339 timestamp of the `OrderPlaced` event). Indexes: `customer_id` and
+/// `status` (strings), `placed_at` (timestamp) and `total_cents` (number); every index
+/// answers equality and ranges. Partitioned: rows are keyed by the order id, in the
+/// order's partition. `customer_email` is joined when a row is read, from the `customers`
+/// view (a lookup table every instance holds): the customer's current email, `null` when
+/// the customer is unknown or deleted.
 #[derive(Debug, Default)]
 pub struct OrdersView;
 
@@ -32,6 +35,15 @@ impl Projection for OrdersView {
             Index::timestamp("placed_at"),
             Index::number("total_cents"),
         ]
+    }
+
+    fn joins(&self) -> Vec<Join> {
+        vec![Join::lookup(
+            "customer_email",
+            "customer_id",
+            CustomersView::VIEW,
+            "email",
+        )]
     }
 
     fn apply(&self, event: &Event<'_, OrderEvent>, view: &mut ViewChanges<'_>) {

@@ -21,6 +21,45 @@ fn placed(customer: &str, qty: u32, price_cents: u64) -> OrderEvent {
 }
 
 #[test]
+fn an_order_read_carries_its_customers_current_email_or_null() {
+    let row = |email: serde_json::Value| {
+        json!({
+            "customer_id": "c1",
+            "status": "placed",
+            "placed_at": "2024-05-06T00:00:00.000Z",
+            "total_cents": 300,
+            "items": [{"sku": "apple", "qty": 2, "price_cents": 150}],
+            "customer_email": email,
+        })
+    };
+    let t = ProjectionTest::<OrdersView>::new()
+        .at(T0)
+        .when("o-1", placed("c1", 2, 150));
+    // Unknown customer: null.
+    let t = t.then_read("o-1", row(json!(null)));
+    // Known: the customers view's email, whatever it is when the row is read.
+    let t = t
+        .with_table_row("customers", "c1", Some(json!({"name": "A", "email": "a@x.test"})))
+        .then_read("o-1", row(json!("a@x.test")))
+        .with_table_row("customers", "c1", Some(json!({"name": "A", "email": "b@x.test"})))
+        .then_read("o-1", row(json!("b@x.test")));
+    // Deleted (the customers view removes its row): null again; the stored row never
+    // held the email.
+    t.with_table_row("customers", "c1", None)
+        .then_read("o-1", row(json!(null)))
+        .then_row(
+            "o-1",
+            json!({
+                "customer_id": "c1",
+                "status": "placed",
+                "placed_at": "2024-05-06T00:00:00.000Z",
+                "total_cents": 300,
+                "items": [{"sku": "apple", "qty": 2, "price_cents": 150}],
+            }),
+        );
+}
+
+#[test]
 fn a_placed_order_becomes_a_row_with_its_timestamp() {
     ProjectionTest::<OrdersView>::new()
         .at(T0)

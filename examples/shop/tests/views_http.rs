@@ -394,7 +394,9 @@ async fn a_query_with_min_position_cuts_the_views_linger_short() {
         ..Default::default()
     })
     .aggregate::<Order>(())
+    .aggregate::<Customer>(())
     .view::<OrdersView>()
+    .view::<CustomersView>()
     .build(Arc::new(common::test_log(dir.path())));
     let s = serve(runtime, clock).await;
     for i in 0..3 {
@@ -861,6 +863,7 @@ fn readyz_reports_a_view_catching_up_then_ready() {
         .aggregate::<Order>(())
         .aggregate::<Customer>(())
         .view::<OrdersView>()
+        .view::<CustomersView>()
         .view::<LateView>()
         .build(Arc::new(log));
         let s = serve(runtime, clock).await;
@@ -953,7 +956,9 @@ async fn readyz_names_a_failed_view() {
     })
     .clock(Arc::new(clock.clone()))
     .aggregate::<Order>(())
+    .aggregate::<Customer>(())
     .view::<OrdersView>()
+    .view::<CustomersView>()
     .view::<FailsOnBad>()
     .build(Arc::new(log));
     let s = serve(runtime, clock).await;

@@ -686,6 +686,9 @@ async fn kafka_instance(
     .on_ownership(Arc::new(move |owned| r.set_owned(owned)))
     .aggregate::<Order>(())
     .view::<OrdersView>()
+    // The lookup table the orders view joins; customers are not written in this case (a
+    // customer aggregate in the group would take partitions the order instances split).
+    .view::<CustomersView>()
     .build(log);
     let router = eventfold::http::router(
         runtime.clone(),

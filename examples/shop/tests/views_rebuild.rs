@@ -443,7 +443,9 @@ async fn a_rebuilt_view_is_stored_exactly_like_the_live_one() {
             ..Default::default()
         })
         .aggregate::<Order>(())
+        .aggregate::<Customer>(())
         .view::<OrdersView>()
+        .view::<CustomersView>()
         .view_options(ViewOptions {
             bulk_catch_up_min_events: 1,
             rebuild_cache_bytes: cache,
