@@ -32,8 +32,8 @@ Scenarios (each records its parameters in the results):
             ConfirmOrder produced to <app>.order.commands; latency = OrderConfirmed to
             OrderShipped read read_committed on <app>.order.events) at a fixed rate (default
             100 flows/s) and at most with N flows in flight. The peer runs at its best
-            commit.interval.ms for latency: a sweep (default 10, 30, 100 ms; fixed-rate
-            p99) picks it first. Then pairs of runs, eventfold and the peer, each warmed up,
+            commit.interval.ms for latency: a sweep (default 10, 30, 100 ms, two passes;
+            median fixed-rate p99) picks it first. Then pairs of runs, eventfold and the peer, each warmed up,
             the order within a pair alternated. Aim: eventfold's p99 at most 0.5x the peer's.
 
   --baseline-shop OLD_BINARY works for the embedded and kafka scenarios too: the old shop
@@ -753,7 +753,7 @@ class Suite:
         rate, in_flight = a.kafka_flows_rate, a.kafka_flows_in_flight
         params = {"partitions": a.kafka_partitions, "duration": a.duration, "warmup": a.warmup,
                   "fixed_rate": rate, "max_in_flight": in_flight,
-                  "ks_commit_intervals_swept_ms": a.ks_commit_intervals,
+                  "ks_commit_intervals_swept_ms": a.ks_commit_intervals, "ks_sweep_passes": a.ks_sweep_passes,
                   "workload": "PlaceOrder (total 1.00, authorized) + ConfirmOrder on a fresh order, produced to "
                               "<app>.order.commands; the flow (AuthorizePayment to pay-<o>, PaymentAuthorized, "
                               "ShipOrder) runs in the system under test",
@@ -804,14 +804,19 @@ class Suite:
         if not a.no_peers and len(a.ks_commit_intervals) > 1:
             # The peer at its best for latency: commit.interval.ms is its latency floor and
             # its cost per record, so the sweep measures it at the fixed rate (issue 57).
-            for ci in a.ks_commit_intervals:
-                key = f"kafka-streams commit.interval.ms={ci} (sweep)"
-                runs[f"{key} {fixed}"] = []
-                peer(f"s{ci}", ci, (fixed,), into=key)
-            p99 = {ci: runs[f"kafka-streams commit.interval.ms={ci} (sweep) {fixed}"][0]["latency_ms"]["p99"]
+            # Two passes: one run per value picked 30 ms over 10 ms by chance on a busy
+            # machine (bench/FINDINGS.md, 2026-12-06 19:52), against the peer's interest.
+            for sweep in range(a.ks_sweep_passes):
+                for ci in a.ks_commit_intervals:
+                    key = f"kafka-streams commit.interval.ms={ci} (sweep)"
+                    runs.setdefault(f"{key} {fixed}", [])
+                    peer(f"s{sweep}c{ci}", ci, (fixed,), into=key)
+            p99 = {ci: statistics.median(r["latency_ms"]["p99"]
+                                         for r in runs[f"kafka-streams commit.interval.ms={ci} (sweep) {fixed}"])
                    for ci in a.ks_commit_intervals}
             best = min(p99, key=p99.get)
-            log(f"kafka-flows: the peer's fixed-rate p99 by commit.interval.ms {p99}: {best} ms is its best")
+            log(f"kafka-flows: the peer's fixed-rate p99 (median of {a.ks_sweep_passes}) by commit.interval.ms "
+                f"{p99}: {best} ms is its best")
         params["ks_commit_interval_ms"] = best
         for i in range(a.runs):
             # Pairs; which system goes first alternates, so a drift of the machine over the
@@ -831,7 +836,8 @@ class Suite:
             {"aim": f"eventfold p99 at most 0.5x the Kafka Streams peer's (commit.interval.ms={best}) at "
                     f"{rate} flows/s, OrderConfirmed to OrderShipped",
              "figure": f"{fmt(ratio, 2)}x (p99 medians)",
-             "met": None if ratio is None else ratio <= 0.5},
+             # A smoke run (a few flows, a debug build in CI) does not measure it.
+             "met": None if ratio is None or a.smoke else ratio <= 0.5},
             {"aim": "every flow ended shipped exactly once (the only check that fails a run)",
              "figure": f"{failed} not", "met": failed == 0},
         ]
@@ -1217,6 +1223,9 @@ def main():
     ap.add_argument("--ks-commit-intervals",
                     help="kafka-flows scenario: the Kafka Streams peer's commit.interval.ms values to sweep at the "
                          "fixed rate, the lowest p99 wins; one value: no sweep (default 10,30,100; smoke 10)")
+    ap.add_argument("--ks-sweep-passes", type=int, default=2,
+                    help="kafka-flows scenario: fixed-rate runs of the peer per swept commit.interval.ms; the "
+                         "median p99 decides (default 2)")
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
