@@ -24,6 +24,17 @@ Scenarios (each records its parameters in the results):
             shipped it (`eventfold load --workload flows`): latency from the ConfirmOrder
             answer to OrderShipped readable at a fixed rate (default 2,000 flows/s; aim p99
             under 50 ms), and the most completed flows/s with N flows in flight.
+  kafka-flows
+            the same flow in Kafka mode (issue 53): the shop (`--kafka`, its process
+            manager) vs the Kafka Streams peer with `--flows` (order and payment processors,
+            the repartitions between them; exactly_once_v2), same broker and partitions, one
+            topic-level load (`eventfold load-topic --workload flows`: PlaceOrder and
+            ConfirmOrder produced to <app>.order.commands; latency = OrderConfirmed to
+            OrderShipped read read_committed on <app>.order.events) at a fixed rate (default
+            100 flows/s) and at most with N flows in flight. The peer runs at its best
+            commit.interval.ms for latency: a sweep (default 10, 30, 100 ms, two passes;
+            median fixed-rate p99) picks it first. Then pairs of runs, eventfold and the peer, each warmed up,
+            the order within a pair alternated. Aim: eventfold's p99 at most 0.5x the peer's.
 
   --baseline-shop OLD_BINARY works for the embedded and kafka scenarios too: the old shop
   is measured right after this build's in every run (system "baseline"), and the tables
@@ -41,6 +52,7 @@ Usage:
   bench/run.py                      full run (several minutes per scenario)
   bench/run.py --smoke              seconds per run, small N (what CI runs)
   bench/run.py --scenarios kafka --runs 5
+  bench/run.py --scenarios kafka-flows --runs 3 --bootstrap 127.0.0.1:9192
   bench/run.py --scenarios rebuild --baseline-shop /tmp/shop-before
   bench/run.py --scenarios embedded --no-peers --baseline-shop /tmp/shop-before
 """
@@ -74,7 +86,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import timeline  # noqa: E402  (bench/timeline.py: the --timeline summary)
 CQRS_PEER = ROOT / "bench" / "peers" / "cqrs-es"
 CACHE = Path(os.environ.get("EVENTFOLD_CACHE", Path.home() / ".cache" / "eventfold"))
-SCENARIOS = ("embedded", "kafka", "restore", "views", "rebuild", "flows")
+SCENARIOS = ("embedded", "kafka", "restore", "views", "rebuild", "flows", "kafka-flows")
 
 
 def log(msg: str) -> None:
@@ -232,7 +244,7 @@ class Suite:
             if self.smoke:
                 run(["cargo", "test", "--release", "--locked", *manifest], cwd=CQRS_PEER, env=peer_env)
             run(["cargo", "build", "--release", "--locked", *manifest], cwd=CQRS_PEER, env=peer_env)
-        if "kafka" in scenarios and not self.args.no_peers:
+        if {"kafka", "kafka-flows"} & set(scenarios) and not self.args.no_peers:
             run(["mvn", "-q", "-B", *([] if self.smoke else ["-DskipTests"]), "package"], cwd=KS_PEER)
 
     # ---------------------------------------------------------------- infrastructure
@@ -359,6 +371,26 @@ class Suite:
             cmd += ["--in-flight", str(in_flight)]
         out = run(cmd, stdout=subprocess.PIPE, text=True).stdout
         return json.loads(out)
+
+    def flow_topic_load(self, app, duration, rate=None, in_flight=None):
+        """`eventfold load-topic --workload flows`: a flow not ended shipped exactly once
+        fails the run (passed: false, and the suite fails at its end); its speed is
+        reported, never enforced."""
+        cmd = [str(self.bin / "eventfold"), "load-topic", "--workload", "flows", "--bootstrap", self.bootstrap,
+               "--app", app, "--json", "--quiet", "--duration", duration, "--warmup", "1s"]
+        cmd += ["--rate", str(rate)] if rate else ["--in-flight", str(in_flight)]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        log("$ " + " ".join(cmd) + f" (exit {done.returncode})")
+        if done.returncode not in (0, 1):
+            die(f"{' '.join(cmd)} failed with exit status {done.returncode}")
+        return json.loads(done.stdout)
+
+    def ks_peer(self, name, app, partitions, commit_interval_ms, flows=False):
+        """The Kafka Streams peer as a service (wait for its READY line)."""
+        cmd = [str(KS_PEER / "run.sh"), "--bootstrap", self.bootstrap, "--app-id", app,
+               "--partitions", str(partitions), "--state-dir", str(self.work / f"{name}-state"),
+               "--commit-interval-ms", str(commit_interval_ms), *(["--flows"] if flows else [])]
+        return service(name, cmd, self.work)
 
     # ---------------------------------------------------------------- services
 
@@ -712,6 +744,102 @@ class Suite:
             {"aim": "every flow completed (the only check that fails a run)",
              "figure": f"{sum(r['failed'] for rs in runs.values() for r in rs)} not completed",
              "met": all(r["failed"] == 0 for rs in runs.values() for r in rs)},
+        ]
+        self.write()
+
+    def scenario_kafka_flows(self):
+        a = self.args
+        self.ensure_broker()
+        rate, in_flight = a.kafka_flows_rate, a.kafka_flows_in_flight
+        params = {"partitions": a.kafka_partitions, "duration": a.duration, "warmup": a.warmup,
+                  "fixed_rate": rate, "max_in_flight": in_flight,
+                  "ks_commit_intervals_swept_ms": a.ks_commit_intervals, "ks_sweep_passes": a.ks_sweep_passes,
+                  "workload": "PlaceOrder (total 1.00, authorized) + ConfirmOrder on a fresh order, produced to "
+                              "<app>.order.commands; the flow (AuthorizePayment to pay-<o>, PaymentAuthorized, "
+                              "ShipOrder) runs in the system under test",
+                  "latency": "OrderConfirmed read to OrderShipped read on <app>.order.events (read_committed; "
+                             "OrderConfirmed commits with the ConfirmOrder result); per second = completed flows/s",
+                  "load_generator": "eventfold load-topic --workload flows (--warmup 1s in every run)",
+                  "service_cpu": "per flow: the service process's CPU over the run / flows started",
+                  "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}",
+                  "aim": "eventfold p99 at most 0.5x the Kafka Streams peer's at the fixed rate (issue 53)"}
+        fixed, most = f"flows {rate}/s fixed-rate", f"flows max ({in_flight} in flight)"
+        runs = {f"{system} {load}": [] for system in ("eventfold", "kafka-streams") for load in (fixed, most)}
+
+        def measure(system, pid, app, loads):
+            """Warm-up (discarded), then the loads; each result gets the service's CPU per flow."""
+            if a.warmup:
+                log(f"kafka-flows warm-up run ({a.warmup}, discarded)")
+                self.flow_topic_load(app, a.warmup, in_flight=in_flight)
+            for load in loads:
+                cpu = process_cpu_s(pid)
+                r = self.flow_topic_load(app, a.duration, **({"rate": rate} if load == fixed else
+                                                           {"in_flight": in_flight}))
+                r["service_cpu_us_per_request"] = (process_cpu_s(pid) - cpu) * 1e6 / max(r["flows"], 1)
+                log(f"kafka-flows {system} {load}: {r['completed']} measured flows shipped, "
+                    f"{r['throughput_per_s']:,.0f}/s, p99 {r['latency_ms']['p99']:.1f} ms, failed {r['failed']}")
+                runs[f"{system} {load}"].append(r)
+
+        def eventfold(i):
+            app = f"eff{self.run_tag}r{i}"
+            log(f"kafka-flows run {i + 1}/{a.runs}: eventfold (app {app})")
+            svc, url = self.shop(f"shop-kflows-{i}", self.work / f"kflows-{i}", kafka=True, app=app,
+                                 partitions=a.kafka_partitions)
+            with svc as p:
+                p.wait_http(url + "/readyz", 120)
+                measure("eventfold", p.proc.pid, app, (fixed, most))
+            shutil.rmtree(self.work / f"kflows-{i}", ignore_errors=True)
+            self.drop_app(app)
+
+        def peer(label, ci, loads, into=None):
+            app = f"ksf{self.run_tag}{label}"
+            log(f"kafka-flows: Kafka Streams peer, commit.interval.ms={ci} (app {app})")
+            with self.ks_peer(f"ks-flows-{label}", app, a.kafka_partitions, ci, flows=True) as p:
+                p.wait_line("READY", 180)
+                measure(into or "kafka-streams", p.proc.pid, app, loads)
+            # Its own topics and group; Kafka Streams' internal `<app>-...` topics stay.
+            self.drop_app(app)
+
+        best = a.ks_commit_intervals[0]
+        if not a.no_peers and len(a.ks_commit_intervals) > 1:
+            # The peer at its best for latency: commit.interval.ms is its latency floor and
+            # its cost per record, so the sweep measures it at the fixed rate (issue 57).
+            # Two passes: one run per value picked 30 ms over 10 ms by chance on a busy
+            # machine (bench/FINDINGS.md, 2026-12-06 19:52), against the peer's interest.
+            for sweep in range(a.ks_sweep_passes):
+                for ci in a.ks_commit_intervals:
+                    key = f"kafka-streams commit.interval.ms={ci} (sweep)"
+                    runs.setdefault(f"{key} {fixed}", [])
+                    peer(f"s{sweep}c{ci}", ci, (fixed,), into=key)
+            p99 = {ci: statistics.median(r["latency_ms"]["p99"]
+                                         for r in runs[f"kafka-streams commit.interval.ms={ci} (sweep) {fixed}"])
+                   for ci in a.ks_commit_intervals}
+            best = min(p99, key=p99.get)
+            log(f"kafka-flows: the peer's fixed-rate p99 (median of {a.ks_sweep_passes}) by commit.interval.ms "
+                f"{p99}: {best} ms is its best")
+        params["ks_commit_interval_ms"] = best
+        for i in range(a.runs):
+            # Pairs; which system goes first alternates, so a drift of the machine over the
+            # run does not favour one of them.
+            order = [lambda: eventfold(i), lambda: peer(f"r{i}", best, (fixed, most))]
+            if a.no_peers:
+                order = order[:1]
+            for step in (order if i % 2 == 0 else order[::-1]):
+                step()
+        self.record("kafka-flows", params, runs,
+                    pairs=[(f"eventfold {fixed}", f"kafka-streams {fixed}"),
+                           (f"eventfold {most}", f"kafka-streams {most}")])
+        sc = self.results["scenarios"]["kafka-flows"]
+        ratio = next((r.get("p99_latency") for r in sc["ratios"] if r["eventfold"] == f"eventfold {fixed}"), None)
+        failed = sum(r["failed"] for rs in runs.values() for r in rs)
+        sc["aims"] = [
+            {"aim": f"eventfold p99 at most 0.5x the Kafka Streams peer's (commit.interval.ms={best}) at "
+                    f"{rate} flows/s, OrderConfirmed to OrderShipped",
+             "figure": f"{fmt(ratio, 2)}x (p99 medians)",
+             # A smoke run (a few flows, a debug build in CI) does not measure it.
+             "met": None if ratio is None or a.smoke else ratio <= 0.5},
+            {"aim": "every flow ended shipped exactly once (the only check that fails a run)",
+             "figure": f"{failed} not", "met": failed == 0},
         ]
         self.write()
 
@@ -1086,6 +1214,18 @@ def main():
                          "(default 10s; smoke 60s: a debug build on a shared machine)")
     ap.add_argument("--flow-poll-interval", default="2ms",
                     help="flows scenario: time between reads of a confirmed order (default 2ms)")
+    ap.add_argument("--kafka-flows-rate", type=int,
+                    help="kafka-flows scenario: flows started per second in the fixed-rate runs (default 100; "
+                         "smoke 20)")
+    ap.add_argument("--kafka-flows-in-flight", type=int,
+                    help="kafka-flows scenario: flows in flight in the max-rate runs, closed loop (default 64; "
+                         "smoke 8)")
+    ap.add_argument("--ks-commit-intervals",
+                    help="kafka-flows scenario: the Kafka Streams peer's commit.interval.ms values to sweep at the "
+                         "fixed rate, the lowest p99 wins; one value: no sweep (default 10,30,100; smoke 10)")
+    ap.add_argument("--ks-sweep-passes", type=int, default=2,
+                    help="kafka-flows scenario: fixed-rate runs of the peer per swept commit.interval.ms; the "
+                         "median p99 decides (default 2)")
     ap.add_argument("--skip-kafka-restore", action="store_true", help="restore scenario: embedded only")
     ap.add_argument("--bootstrap", default=os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
                     help="Kafka broker; started with scripts/kafka/broker.sh when none listens there")
@@ -1112,6 +1252,9 @@ def main():
     a.flows_rate_concurrency = a.flows_rate_concurrency or (32 if a.smoke else 1024)
     a.flows_concurrency = a.flows_concurrency or (8 if a.smoke else 256)
     a.flow_timeout = a.flow_timeout or ("60s" if a.smoke else "10s")
+    a.kafka_flows_rate = a.kafka_flows_rate or (20 if a.smoke else 100)
+    a.kafka_flows_in_flight = a.kafka_flows_in_flight or (8 if a.smoke else 64)
+    a.ks_commit_intervals = [int(x) for x in (a.ks_commit_intervals or ("10" if a.smoke else "10,30,100")).split(",")]
     a.restore_n = [int(x) for x in (a.restore_n or ("1000" if a.smoke else "100000,1000000")).split(",")]
     scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     unknown = set(scenarios) - set(SCENARIOS)
@@ -1126,7 +1269,7 @@ def main():
         if a.baseline_shop and not os.access(a.baseline_shop, os.X_OK):
             die(f"--baseline-shop {a.baseline_shop}: not an executable file")
         for s in scenarios:
-            getattr(suite, f"scenario_{s}")()
+            getattr(suite, f"scenario_{s.replace('-', '_')}")()
     except subprocess.CalledProcessError as e:
         die(f"{' '.join(str(c) for c in e.cmd)} failed with exit status {e.returncode} (see its output above)")
     finally:

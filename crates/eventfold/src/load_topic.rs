@@ -15,6 +15,8 @@
 //! consumer. Every command id is `{run_id}-{n}`, so results
 //! of other runs on the same topic are ignored, and a result seen twice is reported as a
 //! duplicate (an exactly-once violation).
+//!
+//! [`flows`] is the other workload: the shop's order flow, timed on the events topic.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,6 +35,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 use crate::load::{LATENCY_US_MAX, Latency, Limit, Preset, Template};
+
+pub mod flows;
 
 /// What to produce, where, and how fast.
 #[derive(Debug, Clone)]
@@ -289,16 +293,8 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
     }
     .min(MAX_COMMANDS);
 
-    let consumer = results_consumer(&opts.bootstrap, &results_topic)?;
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &opts.bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", opts.linger_ms.to_string())
-        .set("partitioner", "murmur2_random")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .context("creating the Kafka producer")?;
+    let consumer = consumer_at_end(&opts.bootstrap, &[&results_topic])?;
+    let producer = producer(&opts.bootstrap, opts.linger_ms)?;
 
     let start = Instant::now();
     let shared = Arc::new(Shared {
@@ -376,35 +372,14 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
         let command_id = format!("{run_id}-{n}");
         let aggregate_id = format!("{}{command_id}", opts.id_prefix);
         let body = template.render(&aggregate_id, n, (n % 64) as usize);
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "ef-type",
-                value: Some(ef_type.as_str()),
-            })
-            .insert(Header {
-                key: "ef-command-id",
-                value: Some(command_id.as_str()),
-            })
-            .insert(Header {
-                key: "content-type",
-                value: Some("application/json"),
-            });
+        let headers = command_headers(&ef_type, &command_id);
         shared.sent_at_us[n as usize].store(micros_since(shared.start, due) + 1, Ordering::Release);
         lock(&shared.window).sent += 1;
-        let mut record = BaseRecord::to(&commands_topic)
+        let record = BaseRecord::to(&commands_topic)
             .key(aggregate_id.as_bytes())
             .payload(body.as_bytes())
             .headers(headers);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => bail!("producing to {commands_topic}: {e}"),
-            }
-        }
+        produce(&producer, record)?;
         n += 1;
         if last_progress.elapsed() >= Duration::from_millis(100) {
             last_progress = Instant::now();
@@ -454,13 +429,61 @@ pub fn run(opts: TopicLoadOptions) -> anyhow::Result<TopicSummary> {
     })
 }
 
+/// The idempotent, murmur2-partitioning producer both workloads send commands with (the
+/// partitioner of Kafka's Java clients, so a command lands where the service expects it).
+fn producer(bootstrap: &str, linger_ms: u32) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", linger_ms.to_string())
+        .set("partitioner", "murmur2_random")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .context("creating the Kafka producer")
+}
+
+/// Queues one record, waiting while the producer's queue is full.
+fn produce(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    mut record: BaseRecord<'_, [u8], [u8]>,
+) -> anyhow::Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, r)) => bail!("producing to {}: {e}", r.topic),
+        }
+    }
+}
+
+/// The headers of a command record: `ef-type`, `ef-command-id`, `content-type`.
+fn command_headers(ef_type: &str, command_id: &str) -> OwnedHeaders {
+    OwnedHeaders::new()
+        .insert(Header {
+            key: "ef-type",
+            value: Some(ef_type),
+        })
+        .insert(Header {
+            key: "ef-command-id",
+            value: Some(command_id),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json"),
+        })
+}
+
 fn micros_since(start: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(start).as_micros()).unwrap_or(u64::MAX - 1)
 }
 
-/// A `read_committed` consumer assigned to every partition of `topic` at its current end,
-/// so only results produced from now on are seen.
-fn results_consumer(bootstrap: &str, topic: &str) -> anyhow::Result<BaseConsumer> {
+/// A `read_committed` consumer assigned to every partition of `topics` at its current end,
+/// so only records produced from now on are seen.
+fn consumer_at_end(bootstrap: &str, topics: &[&str]) -> anyhow::Result<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set(
@@ -473,28 +496,28 @@ fn results_consumer(bootstrap: &str, topic: &str) -> anyhow::Result<BaseConsumer
         .create()
         .context("creating the results consumer")?;
     let timeout = Duration::from_secs(10);
-    let metadata = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .with_context(|| format!("reading metadata of {topic} from {bootstrap}"))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    if partitions.is_empty() {
-        bail!("topic {topic} does not exist on {bootstrap}: is the service running with this --app and --type?");
-    }
     let mut assignment = TopicPartitionList::new();
-    for p in partitions {
-        let high = end_offset(&consumer, topic, p, timeout)?;
-        assignment
-            .add_partition_offset(topic, p, Offset::Offset(high))
-            .context("building the assignment")?;
+    for &topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .with_context(|| format!("reading metadata of {topic} from {bootstrap}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            bail!("topic {topic} does not exist on {bootstrap}: is the service running with this --app and --type?");
+        }
+        for p in partitions {
+            let high = end_offset(&consumer, topic, p, timeout)?;
+            assignment
+                .add_partition_offset(topic, p, Offset::Offset(high))
+                .context("building the assignment")?;
+        }
     }
-    consumer
-        .assign(&assignment)
-        .context("assigning the results partitions")?;
+    consumer.assign(&assignment).context("assigning the partitions")?;
     Ok(consumer)
 }
 

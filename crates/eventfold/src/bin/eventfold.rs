@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use eventfold::drop_app::{self, DropOptions, DropSummary};
 use eventfold::load::flows::{self, FlowOptions, FlowSummary};
 use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
+use eventfold::load_topic::flows::FlowTopicSummary;
 use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
 
 /// mimalloc, as the shop: the load generators share a benchmark machine's cores with the
@@ -54,14 +55,19 @@ Examples:
     /// mode, or the Kafka Streams peer of the benchmark suite). Each command carries
     /// `ef-type` and `ef-command-id` headers and is keyed by a fresh aggregate id
     /// (murmur2-partitioned); its result is matched by key on `<app>.<type>.results`, read
-    /// with `isolation.level=read_committed`.
+    /// with `isolation.level=read_committed`. `--workload flows` runs the shop's order flow
+    /// instead: PlaceOrder and ConfirmOrder on a fresh order, timed from its OrderConfirmed
+    /// to its OrderShipped on `<app>.<type>.events` (read_committed).
     #[command(after_help = "\
-Exit status: 0 when every result arrived exactly once, 1 when a result is missing or \
-duplicated, 2 on invalid options or when the topics cannot be reached.
+Exit status: 0 when every result arrived exactly once (flows: every flow ended shipped \
+exactly once), 1 when one did not, 2 on invalid options or when the topics cannot be \
+reached.
 
 Examples:
   eventfold load-topic --bootstrap 127.0.0.1:9092 --app shop --duration 10s
-  eventfold load-topic --rate 5000 --duration 10s --json")]
+  eventfold load-topic --rate 5000 --duration 10s --json
+  eventfold load-topic --workload flows --rate 500 --duration 10s --json
+  eventfold load-topic --workload flows --in-flight 256 --duration 10s   # most completed flows/s")]
     LoadTopic(LoadTopicArgs),
 
     /// Delete an app's Kafka topics (`<app>.*`) and its consumer group `<app>`.
@@ -131,6 +137,13 @@ struct LoadTopicArgs {
     /// Aggregate type: topics `<app>.<type>.commands` and `<app>.<type>.results`.
     #[arg(long = "type", value_name = "TYPE", default_value = "order")]
     aggregate_type: String,
+
+    /// What one unit of load is. commands: one command (--body), timed to its result.
+    /// flows: PlaceOrder then ConfirmOrder on a fresh order, timed from its OrderConfirmed
+    /// to its OrderShipped on the events topic; --rate = flows started per second,
+    /// --in-flight = most flows not yet ended, the rate reported = completed flows/s.
+    #[arg(long, value_enum, default_value = "commands")]
+    workload: TopicWorkloadArg,
 
     // The help is built in code: clap turns a literal `{n}` in help text into a line break.
     // Default: the shop-orders preset, `PlaceOrder` on a fresh order.
@@ -204,15 +217,36 @@ impl LoadTopicArgs {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TopicWorkloadArg {
+    Commands,
+    Flows,
+}
+
 fn load_topic(args: LoadTopicArgs) -> ExitCode {
     let json = args.json;
-    report(
-        "load-topic",
-        json,
-        load_topic::run(args.into_options()),
-        TopicSummary::to_json,
-        TopicSummary::check,
-    )
+    match args.workload {
+        TopicWorkloadArg::Commands => report(
+            "load-topic",
+            json,
+            load_topic::run(args.into_options()),
+            TopicSummary::to_json,
+            TopicSummary::check,
+        ),
+        TopicWorkloadArg::Flows => {
+            if args.body.is_some() {
+                eprintln!("eventfold load-topic: error: --body does not apply to --workload flows");
+                return ExitCode::from(2);
+            }
+            report(
+                "load-topic",
+                json,
+                load_topic::flows::run(&args.into_options()),
+                FlowTopicSummary::to_json,
+                FlowTopicSummary::check,
+            )
+        }
+    }
 }
 
 /// Prints a run's summary (text, or one JSON object) and turns it into the exit status:

@@ -33,8 +33,11 @@ public final class Main {
 
             Kafka Streams 4.4.0 peer of eventfold's shop `order` aggregate (benchmark suite).
             Consumes <app>.order.commands, writes <app>.order.events and <app>.order.results
-            with processing.guarantee=exactly_once_v2. Prints one line READY on stdout once
-            Kafka Streams reaches RUNNING; logs go to stderr. SIGTERM shuts down cleanly.
+            with processing.guarantee=exactly_once_v2. With --flows also the `payment`
+            aggregate (<app>.payment.commands, .events, .results) and the shop's order flow:
+            OrderConfirmed -> AuthorizePayment to pay-<order>, PaymentAuthorized -> ShipOrder,
+            PaymentDeclined -> CancelOrder. Prints one line READY on stdout once Kafka
+            Streams reaches RUNNING; logs go to stderr. SIGTERM shuts down cleanly.
 
             Options:
               --bootstrap HOST:PORT     Kafka bootstrap servers (required).
@@ -50,6 +53,11 @@ public final class Main {
               --commit-interval-ms N    commit.interval.ms: how often a transaction commits,
                                         hence the floor of read_committed latency.
                                         Default: 100 (Kafka Streams' default under EOS).
+              --flows                   Run the payment aggregate and the order flow too
+                                        (three more topics; the order topics are the same).
+              --decline-above-cents N   With --flows: payments above N cents are declined
+                                        (PaymentDeclined, then the order is cancelled).
+                                        Default: 1000000, as the shop's.
               --reset                   Delete this app's local state (DIR/<app-id>) before
                                         start; the stores are then restored from their
                                         changelog topics. Does not reset offsets or topics:
@@ -70,7 +78,8 @@ public final class Main {
             String stateDir,
             int threads,
             long commitIntervalMs,
-            boolean reset) {}
+            boolean reset,
+            PeerTopology.Flows flows) {}
 
     /** A command-line error: printed with the usage, exit status 2. */
     static final class UsageError extends Exception {
@@ -82,12 +91,18 @@ public final class Main {
     static Options parse(String[] args) throws UsageError {
         Map<String, String> values = new HashMap<>();
         boolean reset = false;
+        boolean flows = false;
         List<String> known = List.of(
-                "--bootstrap", "--app-id", "--partitions", "--state-dir", "--threads", "--commit-interval-ms");
+                "--bootstrap", "--app-id", "--partitions", "--state-dir", "--threads", "--commit-interval-ms",
+                "--decline-above-cents");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (a.equals("--reset")) {
                 reset = true;
+                continue;
+            }
+            if (a.equals("--flows")) {
+                flows = true;
                 continue;
             }
             String name = a;
@@ -120,7 +135,12 @@ public final class Main {
         int threads = (int) number(values, "--threads", 2, 1, 256);
         long commit = number(values, "--commit-interval-ms", 100, 1, 3_600_000);
         String stateDir = values.getOrDefault("--state-dir", "/tmp/ks-peer-state/" + appId);
-        return new Options(bootstrap, appId, partitions, stateDir, threads, commit, reset);
+        long decline = number(values, "--decline-above-cents", Payment.DEFAULT_DECLINE_ABOVE_CENTS, 0, Long.MAX_VALUE);
+        if (values.containsKey("--decline-above-cents") && !flows) {
+            throw new UsageError("--decline-above-cents needs --flows");
+        }
+        return new Options(bootstrap, appId, partitions, stateDir, threads, commit, reset,
+                flows ? new PeerTopology.Flows(decline) : null);
     }
 
     private static long number(Map<String, String> values, String name, long dflt, long min, long max)
@@ -179,7 +199,8 @@ public final class Main {
 
     private static int run(Options o) {
         KafkaStreams streams = new KafkaStreams(
-                PeerTopology.build(o.appId(), o.partitions(), System::currentTimeMillis), streamsConfig(o));
+                PeerTopology.build(o.appId(), o.partitions(), System::currentTimeMillis, o.flows()),
+                streamsConfig(o));
         if (o.reset()) {
             streams.cleanUp();
             System.err.println("ks-peer: deleted local state " + Path.of(o.stateDir(), o.appId()));
@@ -230,16 +251,21 @@ public final class Main {
         return failed.get() ? 1 : 0;
     }
 
-    /** Creates the three topics if missing; refuses an existing one with another partition count. */
+    /**
+     * Creates the three topics of each aggregate type if missing; refuses an existing one with
+     * another partition count.
+     */
     static void ensureTopics(Options o) throws Exception {
         String app = o.appId();
         Map<String, Map<String, String>> wanted = new HashMap<>();
-        wanted.put(PeerTopology.commandsTopic(app),
-                Map.of("cleanup.policy", "delete", "retention.ms", Long.toString(7L * 24 * 3600 * 1000)));
-        wanted.put(PeerTopology.eventsTopic(app),
-                Map.of("cleanup.policy", "delete", "retention.ms", "-1", "retention.bytes", "-1"));
-        wanted.put(PeerTopology.resultsTopic(app),
-                Map.of("cleanup.policy", "delete", "retention.ms", Long.toString(24L * 3600 * 1000)));
+        for (String type : o.flows() == null ? List.of(Order.TYPE) : List.of(Order.TYPE, Payment.TYPE)) {
+            wanted.put(PeerTopology.commandsTopic(app, type),
+                    Map.of("cleanup.policy", "delete", "retention.ms", Long.toString(7L * 24 * 3600 * 1000)));
+            wanted.put(PeerTopology.eventsTopic(app, type),
+                    Map.of("cleanup.policy", "delete", "retention.ms", "-1", "retention.bytes", "-1"));
+            wanted.put(PeerTopology.resultsTopic(app, type),
+                    Map.of("cleanup.policy", "delete", "retention.ms", Long.toString(24L * 3600 * 1000)));
+        }
         Properties p = new Properties();
         p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, o.bootstrap());
         p.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "60000");

@@ -20,9 +20,27 @@ import java.util.Set;
  * {@code long}, money read and written as unsigned, and every overflow the Rust code
  * refuses is refused here too.
  */
-final class Order {
+final class Order implements Aggregate.Instance<Order.Command> {
     /** The aggregate type name (eventfold's {@code Aggregate::TYPE}). */
     static final String TYPE = "order";
+
+    /** The order aggregate type, for {@link CommandProcessor}. */
+    static final Aggregate<Command> KIND = new Aggregate<>() {
+        @Override
+        public String name() {
+            return TYPE;
+        }
+
+        @Override
+        public Command decode(byte[] value, String efType) throws BadCommand {
+            return Order.decode(value, efType);
+        }
+
+        @Override
+        public Order load(String stored) {
+            return stored == null ? new Order() : fromStored(stored);
+        }
+    };
 
     private static final long U32_MAX = 0xFFFF_FFFFL;
 
@@ -56,7 +74,8 @@ final class Order {
     // ------------------------------------------------------------------ events
 
     /** A fact about an order ({@code OrderEvent}, internally tagged by "type"). */
-    sealed interface Event permits OrderPlaced, ItemAdded, OrderConfirmed, OrderCancelled, OrderShipped {
+    sealed interface Event extends Aggregate.Event
+            permits OrderPlaced, ItemAdded, OrderConfirmed, OrderCancelled, OrderShipped {
         String type();
 
         /** The fields after "type". */
@@ -198,8 +217,19 @@ final class Order {
     /** Number of events applied (eventfold keeps it beside the state). */
     long version;
 
+    @Override
+    public long version() {
+        return version;
+    }
+
+    @Override
+    public void apply(Aggregate.Event event) {
+        apply((Event) event);
+    }
+
     /** Decides: the events for {@code command}, or why not (Rust: {@code handle}). */
-    List<Event> handle(Command command) throws Rejected {
+    @Override
+    public List<Event> handle(Command command) throws Rejected {
         if (command instanceof PlaceOrder c) {
             return List.of(place(c.customerId(), c.items()));
         } else if (command instanceof AddItem c) {
@@ -327,7 +357,8 @@ final class Order {
     }
 
     /** The state-store value, shaped like eventfold's state record: {@code {"version":v,"state":{...}}}. */
-    String toStored() {
+    @Override
+    public String toStored() {
         return Json.string(g -> {
             g.writeStartObject();
             g.writeNumberField("version", version);
@@ -382,32 +413,8 @@ final class Order {
      * field required, integers only and in range).
      */
     static Command decode(byte[] value, String efType) throws BadCommand {
-        JsonNode doc;
-        try {
-            doc = Json.parse(value == null ? new byte[0] : value);
-        } catch (JsonProcessingException e) {
-            throw BadCommand.malformed(e.getOriginalMessage());
-        } catch (IOException e) {
-            throw BadCommand.malformed(String.valueOf(e.getMessage()));
-        }
-        if (doc == null || doc.isMissingNode()) {
-            throw BadCommand.malformed("EOF while parsing a value");
-        }
-        if (!(doc instanceof ObjectNode obj)) {
-            throw BadCommand.malformed("expected a JSON object");
-        }
-        JsonNode tag = obj.get("type");
-        String type;
-        if (tag == null) {
-            if (efType == null) {
-                throw BadCommand.malformed("no \"type\" field and no ef-type header");
-            }
-            type = efType;
-        } else if (!tag.isTextual()) {
-            throw BadCommand.malformed("expected a JSON object with a string field \"type\"");
-        } else {
-            type = tag.textValue();
-        }
+        ObjectNode obj = object(value);
+        String type = tag(obj, efType);
         switch (type) {
             case "PlaceOrder": {
                 onlyFields(obj, PLACE_FIELDS, true);
@@ -444,7 +451,40 @@ final class Order {
         }
     }
 
-    private static void onlyFields(ObjectNode obj, Set<String> allowed, boolean tagged) throws BadCommand {
+    /** The value as a JSON object, or why it is not one. */
+    static ObjectNode object(byte[] value) throws BadCommand {
+        JsonNode doc;
+        try {
+            doc = Json.parse(value == null ? new byte[0] : value);
+        } catch (JsonProcessingException e) {
+            throw BadCommand.malformed(e.getOriginalMessage());
+        } catch (IOException e) {
+            throw BadCommand.malformed(String.valueOf(e.getMessage()));
+        }
+        if (doc == null || doc.isMissingNode()) {
+            throw BadCommand.malformed("EOF while parsing a value");
+        }
+        if (!(doc instanceof ObjectNode obj)) {
+            throw BadCommand.malformed("expected a JSON object");
+        }
+        return obj;
+    }
+
+    /** The command type: the object's "type", else the {@code ef-type} header. */
+    static String tag(ObjectNode obj, String efType) throws BadCommand {
+        JsonNode tag = obj.get("type");
+        if (tag == null) {
+            if (efType == null) {
+                throw BadCommand.malformed("no \"type\" field and no ef-type header");
+            }
+            return efType;
+        } else if (!tag.isTextual()) {
+            throw BadCommand.malformed("expected a JSON object with a string field \"type\"");
+        }
+        return tag.textValue();
+    }
+
+    static void onlyFields(ObjectNode obj, Set<String> allowed, boolean tagged) throws BadCommand {
         for (Iterator<String> it = obj.fieldNames(); it.hasNext(); ) {
             String f = it.next();
             if (!(allowed.contains(f) || (tagged && f.equals("type")))) {
@@ -453,7 +493,7 @@ final class Order {
         }
     }
 
-    private static JsonNode required(ObjectNode obj, String field) throws BadCommand {
+    static JsonNode required(ObjectNode obj, String field) throws BadCommand {
         JsonNode n = obj.get(field);
         if (n == null) {
             throw BadCommand.malformed("missing field `" + field + "`");
@@ -461,7 +501,7 @@ final class Order {
         return n;
     }
 
-    private static String string(ObjectNode obj, String field) throws BadCommand {
+    static String string(ObjectNode obj, String field) throws BadCommand {
         JsonNode n = required(obj, field);
         if (!n.isTextual()) {
             throw BadCommand.malformed("invalid type: " + kind(n) + ", expected a string");
@@ -480,7 +520,7 @@ final class Order {
         return n.longValue();
     }
 
-    private static long u64(ObjectNode obj, String field) throws BadCommand {
+    static long u64(ObjectNode obj, String field) throws BadCommand {
         JsonNode n = required(obj, field);
         if (!n.isIntegralNumber()) {
             throw BadCommand.malformed("invalid type: " + kind(n) + ", expected u64");
@@ -500,7 +540,7 @@ final class Order {
     }
 
     /** How serde names the type of an unexpected JSON value. */
-    private static String kind(JsonNode n) {
+    static String kind(JsonNode n) {
         if (n.isNull()) {
             return "null";
         } else if (n.isBoolean()) {

@@ -16,15 +16,13 @@ import org.apache.kafka.streams.processor.api.RecordMetadata;
 import org.apache.kafka.streams.state.KeyValueStore;
 
 /**
- * The command path of one partition: dedup by command id, decode, optimistic version check,
- * handle, then events + new state + dedup outcome + result. Kafka Streams with
+ * The command path of one partition of one aggregate type: dedup by command id, decode,
+ * optimistic version check, handle, then events + new state + dedup outcome + result, and
+ * with the flows the commands the new events cause ({@link Flow}). Kafka Streams with
  * {@code exactly_once_v2} commits all of it (output records, changelog records of both
  * stores, consumed offsets) in one transaction per commit interval.
  */
-final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
-    static final String EVENTS_SINK = "events";
-    static final String RESULTS_SINK = "results";
-
+final class CommandProcessor<C> implements Processor<byte[], byte[], byte[], Out> {
     static final String H_TYPE = "ef-type";
     static final String H_ID = "ef-id";
     static final String H_AGGREGATE_ID = "ef-aggregate-id";
@@ -38,13 +36,20 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
     private static final byte[] JSON = "application/json".getBytes(StandardCharsets.UTF_8);
     private static final byte[] OUTCOME = "Outcome".getBytes(StandardCharsets.UTF_8);
 
+    /** The stores and sinks of one aggregate type's processor; {@code flowSink} null without flows. */
+    record Names(String stateStore, String dedupStore, String eventsSink, String resultsSink, String flowSink) {}
+
+    private final Aggregate<C> kind;
+    private final Names names;
     private final int partitions;
     private final LongSupplier clock;
     private ProcessorContext<byte[], Out> context;
     private KeyValueStore<String, String> states;
     private KeyValueStore<String, String> dedup;
 
-    OrderProcessor(int partitions, LongSupplier clock) {
+    CommandProcessor(Aggregate<C> kind, Names names, int partitions, LongSupplier clock) {
+        this.kind = kind;
+        this.names = names;
         this.partitions = partitions;
         this.clock = clock;
     }
@@ -52,8 +57,8 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
     @Override
     public void init(ProcessorContext<byte[], Out> context) {
         this.context = context;
-        this.states = context.getStateStore(PeerTopology.STATE_STORE);
-        this.dedup = context.getStateStore(PeerTopology.DEDUP_STORE);
+        this.states = context.getStateStore(names.stateStore());
+        this.dedup = context.getStateStore(names.dedupStore());
     }
 
     @Override
@@ -78,7 +83,7 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
         String aggregateId = new String(keyBytes, StandardCharsets.UTF_8);
 
         // 2. Decode (a record that is not a valid command is refused, recorded and consumed).
-        Order.Command command;
+        C command;
         Long expected = null;
         try {
             int home = Utils.toPositive(Utils.murmur2(keyBytes)) % partitions;
@@ -90,7 +95,7 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
                                 + ": produce with Kafka's default partitioner"
                                 + " (librdkafka/kcat: -X partitioner=murmur2_random)");
             }
-            command = Order.decode(record.value(), header(in, H_TYPE));
+            command = kind.decode(record.value(), header(in, H_TYPE));
             String ev = header(in, H_EXPECTED_VERSION);
             if (ev != null) {
                 expected = parseVersion(ev);
@@ -100,19 +105,18 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
             return;
         }
 
-        String stored = states.get(aggregateId);
-        Order order = stored == null ? new Order() : Order.fromStored(stored);
+        Aggregate.Instance<C> order = kind.load(states.get(aggregateId));
 
         // 3. Optimistic check. Like eventfold's conflicts, not recorded for dedup.
-        if (expected != null && expected.longValue() != order.version) {
+        if (expected != null && expected.longValue() != order.version()) {
             String msg = "version mismatch: expected version " + Long.toUnsignedString(expected)
-                    + ", but aggregate is at version " + order.version;
+                    + ", but aggregate is at version " + order.version();
             finish(partition, commandId, rejected("version_mismatch", msg), now, false);
             return;
         }
 
         // 4. Handle and apply.
-        List<Order.Event> events;
+        List<? extends Aggregate.Event> events;
         try {
             events = order.handle(command);
         } catch (Order.Rejected r) {
@@ -128,24 +132,55 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
         byte[] correlationIdBytes = correlationId.getBytes(StandardCharsets.UTF_8);
         String timestamp = Ids.rfc3339Ms(now);
         List<EventView> views = new ArrayList<>(events.size());
-        for (Order.Event event : events) {
+        for (Aggregate.Event event : events) {
             order.apply(event);
+            long version = order.version();
             byte[] payload = event.json();
             String eventId = Ids.uuid7(now);
             Headers h = new RecordHeaders()
                     .add(H_TYPE, event.type().getBytes(StandardCharsets.UTF_8))
                     .add(H_ID, eventId.getBytes(StandardCharsets.UTF_8))
                     .add(H_AGGREGATE_ID, aggregateIdBytes)
-                    .add(H_VERSION, Long.toString(order.version).getBytes(StandardCharsets.UTF_8))
+                    .add(H_VERSION, Long.toString(version).getBytes(StandardCharsets.UTF_8))
                     .add(H_COMMAND_ID, commandIdBytes)
                     .add(H_CORRELATION_ID, correlationIdBytes)
                     .add(H_CAUSATION_ID, commandIdBytes)
                     .add(H_CONTENT_TYPE, JSON);
-            context.forward(new Record<>(keyBytes, new Out(partition, payload), now, h), EVENTS_SINK);
-            views.add(new EventView(order.version, event.type(), eventId, payload));
+            context.forward(new Record<>(keyBytes, new Out(partition, payload), now, h), names.eventsSink());
+            views.add(new EventView(version, event.type(), eventId, payload));
+            if (names.flowSink() != null) {
+                react(aggregateId, version, eventId, event, order, correlationIdBytes, now);
+            }
         }
         states.put(aggregateId, order.toStored());
-        finish(partition, commandId, accepted(aggregateId, order.version, views, commandId, timestamp), now, true);
+        finish(partition, commandId, accepted(aggregateId, order.version(), views, commandId, timestamp), now, true);
+    }
+
+    /**
+     * The flow's reaction to one new event: the commands it causes, written in this
+     * command's transaction to the target's commands topic (the repartition by the target's
+     * id), with a command id derived from the event so a redelivery is deduplicated.
+     */
+    private void react(
+            String aggregateId,
+            long version,
+            String eventId,
+            Aggregate.Event event,
+            Aggregate.Instance<C> state,
+            byte[] correlationId,
+            long now) {
+        long total = state instanceof Order o ? o.totalCents : 0;
+        for (Flow.Send send : Flow.react(aggregateId, event, total)) {
+            byte[] key = send.aggregateId().getBytes(StandardCharsets.UTF_8);
+            int target = Utils.toPositive(Utils.murmur2(key)) % partitions;
+            Headers h = new RecordHeaders()
+                    .add(H_TYPE, send.type().getBytes(StandardCharsets.UTF_8))
+                    .add(H_COMMAND_ID, Flow.commandId(aggregateId, version, send.step()).getBytes(StandardCharsets.UTF_8))
+                    .add(H_CORRELATION_ID, correlationId)
+                    .add(H_CAUSATION_ID, eventId.getBytes(StandardCharsets.UTF_8))
+                    .add(H_CONTENT_TYPE, JSON);
+            context.forward(new Record<>(key, new Out(target, send.body()), now, h), names.flowSink());
+        }
     }
 
     private record EventView(long version, String type, String id, byte[] payload) {}
@@ -164,7 +199,7 @@ final class OrderProcessor implements Processor<byte[], byte[], byte[], Out> {
                 .add(H_TYPE, OUTCOME)
                 .add(H_CONTENT_TYPE, JSON)
                 .add(H_COMMAND_ID, id);
-        context.forward(new Record<>(id, new Out(partition, outcome), now, h), RESULTS_SINK);
+        context.forward(new Record<>(id, new Out(partition, outcome), now, h), names.resultsSink());
     }
 
     /** {@code {"rejected":{"error":...,"message":...}}} */
