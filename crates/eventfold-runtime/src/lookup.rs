@@ -2,14 +2,31 @@
 //! holds whole, read by name and key. A view's joins read them when its rows are read
 //! (see [`eventfold_core::Join`]).
 //!
-//! Owns nothing: it resolves a table name to the serving version of that view. Set once
-//! every view of the runtime exists (joins may name views registered after them).
+//! Owns nothing: it resolves a table name to the view serving it now (through
+//! [`LookupTable`], which the view implements, so this module does not depend on it).
+//! Set once every view of the runtime exists (joins may name views registered after them).
 
-use crate::view::ViewService;
+use crate::error::Result;
+use eventfold_core::Position;
 use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
-type Resolve = dyn Fn(&str) -> Option<Arc<ViewService>> + Send + Sync;
+/// What a join needs of a table.
+pub(crate) trait LookupTable: Send + Sync {
+    /// Row `key` as JSON.
+    fn row(&self, key: &str) -> Result<Option<Value>>;
+    /// Waits until the table has applied `min` (its own source's marks), at most `timeout`.
+    fn wait<'a>(
+        &'a self,
+        min: &'a Position,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+}
+
+type Resolve = dyn Fn(&str) -> Option<Arc<dyn LookupTable>> + Send + Sync;
 
 /// The runtime's lookup tables.
 #[derive(Clone)]
@@ -24,26 +41,23 @@ impl std::fmt::Debug for Tables {
 }
 
 impl Tables {
-    /// Tables resolved by `resolve` (view name -> the view serving now).
-    pub(crate) fn new(resolve: impl Fn(&str) -> Option<Arc<ViewService>> + Send + Sync + 'static) -> Self {
+    /// Tables resolved by `resolve` (table name -> the view serving it now).
+    pub(crate) fn new(resolve: impl Fn(&str) -> Option<Arc<dyn LookupTable>> + Send + Sync + 'static) -> Self {
         Self {
             resolve: Arc::new(resolve),
         }
     }
 
-    /// The view serving table `name`.
-    pub(crate) fn view(&self, name: &str) -> Option<Arc<ViewService>> {
+    /// Table `name`.
+    pub(crate) fn table(&self, name: &str) -> Option<Arc<dyn LookupTable>> {
         (self.resolve)(name)
     }
 
     /// Row `key` of table `name` as JSON; `None` when either is missing.
-    pub fn row(&self, name: &str, key: &str) -> crate::error::Result<Option<Value>> {
-        let Some(view) = self.view(name) else {
-            return Ok(None);
-        };
-        Ok(match view.get(key)? {
-            Some(raw) => serde_json::from_str(raw.get()).ok(),
-            None => None,
-        })
+    pub fn row(&self, name: &str, key: &str) -> Result<Option<Value>> {
+        match self.table(name) {
+            Some(t) => t.row(key),
+            None => Ok(None),
+        }
     }
 }

@@ -307,7 +307,10 @@ impl RuntimeBuilder {
         let slots: Arc<BTreeMap<String, Arc<ViewSlot>>> = Arc::new(views);
         let tables = crate::lookup::Tables::new({
             let slots = Arc::downgrade(&slots);
-            move |name| slots.upgrade()?.get(name).map(|s| s.serving())
+            move |name| {
+                let view = slots.upgrade()?.get(name)?.serving();
+                Some(view as Arc<dyn crate::lookup::LookupTable>)
+            }
         });
         for (name, slot) in slots.iter() {
             for svc in std::iter::once(slot.serving()).chain(slot.building()) {

@@ -34,7 +34,7 @@
 //! view offline from offset 0.
 
 use crate::error::{Error, Result};
-use crate::lookup::Tables;
+use crate::lookup::{LookupTable, Tables};
 use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
@@ -286,6 +286,23 @@ impl std::fmt::Debug for ViewService {
     }
 }
 
+impl LookupTable for ViewService {
+    fn row(&self, key: &str) -> Result<Option<Value>> {
+        Ok(match self.get(key)? {
+            Some(raw) => serde_json::from_str(raw.get()).ok(),
+            None => None,
+        })
+    }
+
+    fn wait<'a>(
+        &'a self,
+        min: &'a Position,
+        timeout: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>> {
+        Box::pin(self.wait_own(min, timeout))
+    }
+}
+
 fn corrupt(table: &'static str, key: String, reason: impl Into<String>) -> Error {
     Error::Store(eventfold_store::Error::Corrupt {
         table,
@@ -391,9 +408,9 @@ impl ViewService {
         // A row read joins the lookup tables: they must have applied the position too.
         if let Some(tables) = self.tables.get() {
             for join in &self.joins {
-                if let Some(table) = tables.view(join.table) {
+                if let Some(table) = tables.table(join.table) {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    table.wait_own(min, left).await?;
+                    table.wait(min, left).await?;
                 }
             }
         }
