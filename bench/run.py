@@ -75,6 +75,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -653,8 +654,73 @@ class Suite:
             for i in range(a.runs):
                 log(f"views lag run {i + 1}/{a.runs} at {a.lag_rate} commands/s")
                 runs[lag_key].append(self.view_lag(url, a.lag_rate, a.duration, f"lag{self.run_tag}r{i}"))
+            fan_key = f"eventfold email change on a {a.join_fanout}-order customer"
+            params["join_fanout"] = (f"{a.join_fanout} orders of one customer; per run a ChangeEmail, then "
+                                     "GET /v1/views/orders?customer_id=..&limit=1000 with the change's position, "
+                                     "every page: latency p50 = change answered to its first page showing the new "
+                                     "email, p99 = to every row read with it (the orders rows join customer_email "
+                                     "at read time: aim within 2 s); per second = rows read/s")
+            runs[fan_key] = self.join_fanout(url, a.join_fanout, a.runs)
         shutil.rmtree(data, ignore_errors=True)
         self.record("views", params, runs, pairs=[])
+
+    def join_fanout(self, url, fanout, n_runs):
+        """Issue 54's fan-out: a customer with `fanout` orders changes email; how long until
+        its first page and all its order rows show the new one (read-time join)."""
+        customer = f"fan{self.run_tag}"
+        body = json.dumps({"type": "PlaceOrder", "customer_id": customer,
+                           "items": [{"sku": "s", "qty": 1, "price_cents": 100}]})
+        log(f"views: {fanout} orders of customer {customer}")
+        self.http_load(url, None, 64, count=fanout,
+                       extra=["--type", "order", "--ids", str(fanout), "--sequential-ids",
+                              "--id-prefix", f"{customer}-o", "--body", body])
+
+        def command(body, session):
+            headers = {"Content-Type": "application/json"}
+            if session:
+                headers["X-Session-Position"] = session
+            req = urllib.request.Request(f"{url}/v1/aggregates/customer/{customer}/commands",
+                                         data=json.dumps(body).encode(), method="POST", headers=headers)
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())["position"]
+
+        def read_all(email, position):
+            """Reads every page; returns (ms to the first page, ms to the last, rows)."""
+            start, first, rows, cursor = time.monotonic(), None, 0, None
+            while True:
+                q = f"customer_id={customer}&limit=1000&min_position={position}"
+                if cursor:
+                    q += f"&cursor={urllib.parse.quote(cursor)}"
+                with urllib.request.urlopen(f"{url}/v1/views/orders?{q}", timeout=30) as r:
+                    page = json.loads(r.read())
+                first = first or (time.monotonic() - start) * 1000
+                for row in page["rows"]:
+                    if row["value"].get("customer_email") != email:
+                        die(f"join fan-out: order {row['key']} shows {row['value'].get('customer_email')!r}, "
+                            f"not {email!r}")
+                rows += len(page["rows"])
+                cursor = page.get("next_cursor")
+                if not cursor:
+                    return first, (time.monotonic() - start) * 1000, rows
+
+        # The orders are in (the load waited for each answer); the session position of the
+        # registration covers the customers view, the read's min_position the orders'.
+        position = command({"type": "RegisterCustomer", "name": "F", "email": f"{customer}@0.test"}, None)
+        results = []
+        for i in range(n_runs):
+            email = f"{customer}@{i + 1}.test"
+            changed = time.monotonic()
+            position = command({"type": "ChangeEmail", "email": email}, position)
+            answered = (time.monotonic() - changed) * 1000
+            first, last, rows = read_all(email, position)
+            if rows != fanout:
+                die(f"join fan-out: read {rows} rows of {customer}, expected {fanout}")
+            log(f"join fan-out run {i + 1}/{n_runs}: change answered in {answered:.1f} ms; first page "
+                f"{first:.1f} ms, all {rows} rows {last:.1f} ms after it")
+            results.append({"throughput_per_s": rows / (last / 1000), "passed": True,
+                            "latency_ms": {"p50": first, "p90": last, "p99": last, "p99_9": last, "max": last},
+                            "change_answered_ms": answered})
+        return results
 
     def scenario_rebuild(self):
         a = self.args
@@ -1197,6 +1263,8 @@ def main():
                     help="partitions per topic, both systems, in every scenario but kafka (default 8)")
     ap.add_argument("--restore-n", help="comma list of aggregate counts (default 100000,1000000; smoke 1000)")
     ap.add_argument("--lag-rate", type=int, help="commands/s while view lag is probed (default 10000; smoke 200)")
+    ap.add_argument("--join-fanout", type=int,
+                    help="orders of the one customer whose email change the views scenario times (default 10000; smoke 200)")
     ap.add_argument("--views-n", type=int, help="orders written before the view queries (default 100000; smoke 500)")
     ap.add_argument("--rebuild-n", type=int, help="order events the rebuild scenario rebuilds (default 1000000; smoke 2000)")
     ap.add_argument("--baseline-shop", type=Path,
@@ -1246,6 +1314,7 @@ def main():
     a.warmup = a.warmup if a.warmup is not None else (None if a.smoke else "3s")
     a.kafka_rate = a.kafka_rate or (500 if a.smoke else 5000)
     a.views_n = a.views_n or (500 if a.smoke else 100_000)
+    a.join_fanout = a.join_fanout or (200 if a.smoke else 10_000)
     a.rebuild_n = a.rebuild_n or (2000 if a.smoke else 1_000_000)
     a.lag_rate = a.lag_rate or (200 if a.smoke else 10_000)
     a.flows_rate = a.flows_rate or (50 if a.smoke else 2000)

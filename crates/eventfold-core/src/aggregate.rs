@@ -1,5 +1,6 @@
 //! The aggregate trait: pure command handling and event application.
 
+use crate::lookup::Lookups;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -21,6 +22,17 @@ pub struct Context<'a, C> {
     pub timestamp_ms: i64,
     /// Static configuration of the aggregate type (e.g. limits).
     pub config: &'a C,
+    /// The lookup tables (see [`Context::lookup`]).
+    pub lookups: &'a dyn Lookups,
+}
+
+impl<C> Context<'_, C> {
+    /// Row `key` of lookup table `table` (a replicated view every instance holds), as it
+    /// is now; `None` when it has no such row. What `handle` decides from it belongs in
+    /// the events it emits: replaying them never reads the table again.
+    pub fn lookup(&self, table: &str, key: &str) -> Option<serde_json::Value> {
+        self.lookups.get(table, key)
+    }
 }
 
 /// An event-sourced aggregate. `handle` decides, `apply` folds; both are pure and

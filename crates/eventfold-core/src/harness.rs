@@ -9,6 +9,7 @@
 //! ```
 
 use crate::aggregate::{Aggregate, Context, Reject};
+use crate::lookup::LookupRows;
 use serde::Serialize;
 
 /// Test driver for one aggregate instance.
@@ -18,6 +19,7 @@ pub struct AggregateTest<A: Aggregate> {
     version: u64,
     config: A::Config,
     timestamp_ms: i64,
+    lookups: LookupRows,
 }
 
 impl<A: Aggregate> Default for AggregateTest<A> {
@@ -35,7 +37,15 @@ impl<A: Aggregate> AggregateTest<A> {
             version: 0,
             config: A::Config::default(),
             timestamp_ms: 0,
+            lookups: LookupRows::default(),
         }
+    }
+
+    /// Puts row `key` of lookup table `table` (`None`: removes it), for `handle`'s
+    /// [`Context::lookup`].
+    pub fn with_lookup(mut self, table: &str, key: &str, row: Option<serde_json::Value>) -> Self {
+        self.lookups.put(table, key, row);
+        self
     }
 
     /// Uses `config` for `handle`.
@@ -66,6 +76,7 @@ impl<A: Aggregate> AggregateTest<A> {
             version: self.version,
             timestamp_ms: self.timestamp_ms,
             config: &self.config,
+            lookups: &self.lookups,
         };
         let result = self.state.handle(command, &ctx);
         let mut state = self.state;

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod envelope;
 pub mod error;
 pub mod harness;
+pub mod lookup;
 pub mod partition;
 pub mod position;
 pub mod process;
@@ -21,6 +22,7 @@ pub use aggregate::{Aggregate, Context, Reject};
 pub use envelope::{EventView, Outcome, Record, RecordRef};
 pub use error::{Error, Result};
 pub use harness::AggregateTest;
+pub use lookup::{LookupRows, Lookups, NoLookups};
 pub use position::Position;
 pub use process::{
     Action, Actions, CommandOutcome, EventMeta, Input, ProcessContext, ProcessManager, Refusal, Subscription,

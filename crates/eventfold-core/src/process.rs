@@ -14,6 +14,7 @@
 //! downstream. [`ProcessTest`](crate::ProcessTest) tests one without any runtime.
 
 use crate::aggregate::Aggregate;
+use crate::lookup::Lookups;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::Duration;
@@ -96,6 +97,16 @@ pub struct ProcessContext<'a, C> {
     pub now_ms: i64,
     /// Static configuration of the process manager.
     pub config: &'a C,
+    /// The lookup tables (see [`ProcessContext::lookup`]).
+    pub lookups: &'a dyn Lookups,
+}
+
+impl<C> ProcessContext<'_, C> {
+    /// Row `key` of lookup table `table` (a replicated view every instance holds), as it
+    /// is when the input is handled.
+    pub fn lookup(&self, table: &str, key: &str) -> Option<serde_json::Value> {
+        self.lookups.get(table, key)
+    }
 }
 
 /// One reaction of a process manager.

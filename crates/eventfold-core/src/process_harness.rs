@@ -12,6 +12,7 @@
 //! expectation prints the actions as JSON.
 
 use crate::aggregate::Aggregate;
+use crate::lookup::LookupRows;
 use crate::process::{Action, Actions, CommandOutcome, EventMeta, Input, ProcessContext, ProcessManager, Refusal};
 use std::collections::BTreeMap;
 
@@ -76,6 +77,7 @@ pub struct ProcessTest<P: ProcessManager> {
     /// The actions of the last `when`, and the key they were for.
     last: Option<(Option<String>, Vec<Action>)>,
     events: u64,
+    lookups: LookupRows,
 }
 
 impl<P: ProcessManager> Default for ProcessTest<P> {
@@ -95,7 +97,15 @@ impl<P: ProcessManager> ProcessTest<P> {
             sent: Vec::new(),
             last: None,
             events: 0,
+            lookups: LookupRows::default(),
         }
+    }
+
+    /// Puts row `key` of lookup table `table` (`None`: removes it), for the reactions'
+    /// [`ProcessContext::lookup`].
+    pub fn with_lookup(mut self, table: &str, key: &str, row: Option<serde_json::Value>) -> Self {
+        self.lookups.put(table, key, row);
+        self
     }
 
     /// Uses `config` for the reactions.
@@ -219,6 +229,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             key: &key,
             now_ms,
             config: &self.config,
+            lookups: &self.lookups,
         };
         state.react(input, &ctx, &mut actions);
         let actions = actions.into_vec();

@@ -23,6 +23,7 @@
 //! holder changes or drops the value, the entry is removed; it is not handed over.
 
 use crate::aggregate::Aggregate;
+use crate::lookup::{LookupRows, Lookups};
 use crate::time::{parse_rfc3339_ms, rfc3339_ms};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -45,9 +46,18 @@ pub struct Event<'a, E> {
     pub timestamp_ms: i64,
     /// The decoded event.
     pub payload: &'a E,
+    /// The lookup tables (see [`Event::lookup`]).
+    pub lookups: &'a dyn Lookups,
 }
 
 impl<E> Event<'_, E> {
+    /// Row `key` of lookup table `table` as it is when the event is applied. A rebuild
+    /// applies old events against the table of its own time: to show a table's current
+    /// value, declare a [`Join`] instead (read at query time, always current).
+    pub fn lookup(&self, table: &str, key: &str) -> Option<Value> {
+        self.lookups.get(table, key)
+    }
+
     /// The record timestamp as RFC 3339 (UTC, milliseconds).
     pub fn timestamp(&self) -> String {
         rfc3339_ms(self.timestamp_ms)
@@ -436,8 +446,8 @@ pub struct ProjectionTest<P: Projection> {
     versions: BTreeMap<String, u64>,
     timestamp_ms: i64,
     errors: Vec<String>,
-    /// Lookup tables the joins read: table -> key -> row.
-    tables: BTreeMap<String, BTreeMap<String, Value>>,
+    /// Lookup tables the joins and `Event::lookup` read.
+    tables: LookupRows,
 }
 
 impl<P: Projection> Default for ProjectionTest<P> {
@@ -455,18 +465,15 @@ impl<P: Projection> ProjectionTest<P> {
             versions: BTreeMap::new(),
             timestamp_ms: 0,
             errors: Vec::new(),
-            tables: BTreeMap::new(),
+            tables: LookupRows::default(),
         }
     }
 
     /// Puts row `key` (`None`: removes it) in lookup table `table`, which the view's joins
-    /// read when its rows are read ([`ProjectionTest::then_read`]).
+    /// read when its rows are read ([`ProjectionTest::then_read`]) and `apply` through
+    /// [`Event::lookup`].
     pub fn with_table_row(mut self, table: &str, key: &str, row: Option<Value>) -> Self {
-        let t = self.tables.entry(table.to_owned()).or_default();
-        match row {
-            Some(r) => t.insert(key.to_owned(), r),
-            None => t.remove(key),
-        };
+        self.tables.put(table, key, row);
         self
     }
 
@@ -480,9 +487,7 @@ impl<P: Projection> ProjectionTest<P> {
             .cloned()
             .unwrap_or_else(|| panic!("view `{}` has no row `{key}`", P::VIEW));
         for join in self.projection.joins() {
-            join.fill(&mut row, |fk| {
-                self.tables.get(join.table).and_then(|t| t.get(fk)).cloned()
-            });
+            join.fill(&mut row, |fk| self.tables.get(join.table, fk));
         }
         assert_eq!(row, expected, "row `{key}` of view `{}` as read", P::VIEW);
         self
@@ -519,6 +524,7 @@ impl<P: Projection> ProjectionTest<P> {
             event_type: &event_type,
             timestamp_ms: self.timestamp_ms,
             payload,
+            lookups: &self.tables,
         };
         let mut changes = ViewChanges::new(&self.rows);
         self.projection.apply(&event, &mut changes);

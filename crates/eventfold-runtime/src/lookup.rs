@@ -11,7 +11,7 @@ use eventfold_core::Position;
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// What a join needs of a table.
@@ -28,10 +28,11 @@ pub(crate) trait LookupTable: Send + Sync {
 
 type Resolve = dyn Fn(&str) -> Option<Arc<dyn LookupTable>> + Send + Sync;
 
-/// The runtime's lookup tables.
-#[derive(Clone)]
+/// The runtime's lookup tables. Made before the processors start (their contexts read
+/// it) and given its resolver once the views exist; until then every table is empty.
+#[derive(Clone, Default)]
 pub struct Tables {
-    resolve: Arc<Resolve>,
+    resolve: Arc<OnceLock<Box<Resolve>>>,
 }
 
 impl std::fmt::Debug for Tables {
@@ -41,16 +42,14 @@ impl std::fmt::Debug for Tables {
 }
 
 impl Tables {
-    /// Tables resolved by `resolve` (table name -> the view serving it now).
-    pub(crate) fn new(resolve: impl Fn(&str) -> Option<Arc<dyn LookupTable>> + Send + Sync + 'static) -> Self {
-        Self {
-            resolve: Arc::new(resolve),
-        }
+    /// Resolves tables with `resolve` (table name -> the view serving it now), once.
+    pub(crate) fn resolve_with(&self, resolve: impl Fn(&str) -> Option<Arc<dyn LookupTable>> + Send + Sync + 'static) {
+        let _ = self.resolve.set(Box::new(resolve));
     }
 
     /// Table `name`.
     pub(crate) fn table(&self, name: &str) -> Option<Arc<dyn LookupTable>> {
-        (self.resolve)(name)
+        (self.resolve.get()?)(name)
     }
 
     /// Row `key` of table `name` as JSON; `None` when either is missing.
@@ -59,5 +58,16 @@ impl Tables {
             Some(t) => t.row(key),
             None => Ok(None),
         }
+    }
+}
+
+impl eventfold_core::Lookups for Tables {
+    fn get(&self, table: &str, key: &str) -> Option<Value> {
+        self.row(table, key).unwrap_or_else(|e| {
+            // The caller is pure code without an error path: the row counts as absent, and
+            // the failure is logged (the view itself reports a corrupt store).
+            tracing::warn!(table, key, error = %e, "lookup table read failed");
+            None
+        })
     }
 }

@@ -203,6 +203,8 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub group: String,
     /// A changelog span at least this long is restored by bulk ingestion.
     pub bulk_min_records: u64,
+    /// The lookup tables `handle` reads.
+    pub tables: crate::lookup::Tables,
     /// The store keeps an aggregate's state every this many versions (see `snapshot`).
     pub state_every: u64,
 }
@@ -1021,6 +1023,7 @@ impl<A: Aggregate> Processor<A> {
                         version: entry.version,
                         timestamp_ms: now,
                         config: &self.cfg.config,
+                        lookups: &self.cfg.tables,
                     };
                     match entry.state.handle(command, &ctx) {
                         Ok(events) => {

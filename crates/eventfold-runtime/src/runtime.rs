@@ -32,6 +32,8 @@ struct Grouping {
     member: Arc<OnceLock<Arc<dyn MemberControl>>>,
     /// Sends commands of partitions owned elsewhere to their owner.
     remote: Option<Arc<Requester>>,
+    /// The lookup tables `handle` reads (resolved once the views exist).
+    tables: crate::lookup::Tables,
 }
 
 type Started = (Arc<dyn AggregateService>, Option<Arc<dyn GroupMember>>);
@@ -219,6 +221,7 @@ impl RuntimeBuilder {
                 let results = topics.iter().map(|(_, t)| t.results.clone()).collect();
                 Requester::start(log.clone(), self.clock.clone(), &self.options.instance_id, results)
             }),
+            tables: crate::lookup::Tables::default(),
         };
         let mut services = BTreeMap::new();
         let mut members: HashMap<Arc<str>, Arc<dyn GroupMember>> = HashMap::new();
@@ -305,7 +308,8 @@ impl RuntimeBuilder {
         // Lookup tables: the joins of every view read the views serving now.
         // Weak: the views hold the tables, and the runtime holds the views.
         let slots: Arc<BTreeMap<String, Arc<ViewSlot>>> = Arc::new(views);
-        let tables = crate::lookup::Tables::new({
+        let tables = grouping.tables.clone();
+        tables.resolve_with({
             let slots = Arc::downgrade(&slots);
             move |name| {
                 let view = slots.upgrade()?.get(name)?.serving();
@@ -339,6 +343,7 @@ impl RuntimeBuilder {
                 let with = crate::process::StartWith {
                     log: &log,
                     targets: &targets,
+                    tables: &tables,
                     clock: &self.clock,
                     options: &self.process_options,
                     app: &self.options.app_id,
@@ -442,6 +447,7 @@ fn start<A: Aggregate>(
             group: options.app_id.clone(),
             bulk_min_records: options.restore_bulk_min_records,
             state_every: options.state_every,
+            tables: grouping.tables.clone(),
         };
         let mut processor = Processor::new(
             cfg,

@@ -1508,6 +1508,10 @@ impl<P: Projection> Worker<P> {
         } in events
         {
             let at = || format!("{topic}/{}@{offset}", self.partition);
+            let lookups: &dyn eventfold_core::Lookups = match self.svc.tables.get() {
+                Some(t) => t,
+                None => &eventfold_core::NoLookups,
+            };
             let event = Event {
                 aggregate_type: <P::Source as Aggregate>::TYPE,
                 aggregate_id,
@@ -1515,6 +1519,7 @@ impl<P: Projection> Worker<P> {
                 event_type,
                 timestamp_ms: *timestamp_ms,
                 payload,
+                lookups,
             };
             let rows = Rows {
                 pending: RefCell::new(&mut pending.rows),

@@ -42,6 +42,26 @@ fn place(url: &str, order: &str, customer: &str, session: Option<&str>) -> Strin
     }
 }
 
+/// `ORDERS` order ids `<prefix>-<i>`, as many on every partition (ids picked by their
+/// partition, so the writes cover all of them whatever the prefix).
+fn spread(prefix: &str) -> Vec<String> {
+    let per = ORDERS / PARTITIONS as usize;
+    let mut count = [0usize; PARTITIONS as usize];
+    let mut ids = Vec::new();
+    for i in 0.. {
+        let id = format!("{prefix}-{i}");
+        let p = partition_for(id.as_bytes(), PARTITIONS) as usize;
+        if count[p] < per {
+            count[p] += 1;
+            ids.push(id);
+            if ids.len() == ORDERS {
+                break;
+            }
+        }
+    }
+    ids
+}
+
 /// The order-events partitions a position token names (`v1;topic:partition:offset;...`).
 fn partitions_in(token: &str, app: &str) -> BTreeSet<u32> {
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).unwrap();
@@ -69,13 +89,12 @@ fn a_session_reads_all_its_writes(write: &str, read: &str, app: &str) {
     let customer = format!("sess-{run}");
     let mut last: Option<String> = None;
     let mut orders = BTreeSet::new();
-    for i in 0..ORDERS {
-        let order = format!("s{run}-{i}");
+    for order in spread(&format!("s{run}")) {
         last = Some(place(write, &order, &customer, last.as_deref()));
         orders.insert(order);
     }
     let written: BTreeSet<u32> = orders.iter().map(|o| partition_for(o.as_bytes(), PARTITIONS)).collect();
-    assert!(written.len() >= 8, "the orders cover {written:?}");
+    assert_eq!(written.len(), PARTITIONS as usize, "the orders cover {written:?}");
     let last = last.unwrap();
     assert_eq!(
         partitions_in(&last, app),
@@ -93,8 +112,7 @@ fn a_session_reads_all_its_writes(write: &str, read: &str, app: &str) {
     let customer = format!("many-{run}");
     let mut tokens = Vec::new();
     let mut orders = BTreeSet::new();
-    for i in 0..ORDERS {
-        let order = format!("m{run}-{i}");
+    for order in spread(&format!("m{run}")) {
         tokens.push(place(write, &order, &customer, None));
         orders.insert(order);
     }

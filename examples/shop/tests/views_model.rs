@@ -10,10 +10,16 @@
 //! Half of the cases use a tiny scan budget (`ViewOptions::max_scanned`), so pages end
 //! early and cursors resume in the middle of filtered runs.
 //!
-//! The same cases (orders only) also run on Kafka with **two instances** (in-process
-//! runtimes, each with its own store, HTTP server and registry entry, splitting the order
-//! partitions): `orders` is partitioned, so every query is scattered to both and merged,
-//! key lookups are forwarded, and requests go to either instance in turn.
+//! Orders name registered customers half of the time: every order row read must carry
+//! its customer's current email (`customer_email`, joined from the `customers` lookup
+//! table), `null` when the customer is unknown or deleted, as the model says.
+//!
+//! The same cases also run on Kafka with **two instances** (in-process runtimes, each with
+//! its own store, HTTP server and registry entry, splitting the order partitions):
+//! `orders` is partitioned, so every query is scattered to both and merged, key lookups
+//! are forwarded, and requests go to either instance in turn. A third instance runs the
+//! customers (their commands go there); the two order instances hold the `customers`
+//! lookup table from its events.
 //!
 //! Replay one case with `EVENTFOLD_PROPTEST_SEED=<seed>`; run more with
 //! `EVENTFOLD_PROPTEST_CASES=<n>` (default 24; the Kafka test runs a quarter of them, at
@@ -366,6 +372,9 @@ struct Case {
     turn: std::cell::Cell<usize>,
     /// Whether customers (and the `customers` view) are part of the case.
     customers: bool,
+    /// Where customer commands go when not to the instances in turn (Kafka: the instance
+    /// that runs the customer aggregate).
+    customer_base: Option<String>,
     client: reqwest::Client,
     clock: ManualClock,
     model: Model,
@@ -403,6 +412,7 @@ impl Case {
             bases,
             turn: std::cell::Cell::new(0),
             customers: true,
+            customer_base: None,
             client: reqwest::Client::new(),
             clock,
             model: Model::default(),
@@ -432,9 +442,13 @@ impl Case {
     /// Sends a command; folds its events into the model when accepted. Rejections (422)
     /// are expected and change nothing.
     async fn command(&mut self, ty: &str, id: &str, body: Value) -> Option<String> {
+        let base = match (&self.customer_base, ty) {
+            (Some(b), "customer") => b.clone(),
+            _ => self.base().to_owned(),
+        };
         let resp = self
             .client
-            .post(format!("{}/v1/aggregates/{ty}/{id}/commands", self.base()))
+            .post(format!("{base}/v1/aggregates/{ty}/{id}/commands"))
             .json(&body)
             .send()
             .await
@@ -468,7 +482,13 @@ impl Case {
                 let body = match rng.random_range(0..9) {
                     0..=2 => {
                         let items: Vec<Value> = (0..rng.random_range(0..3)).map(|_| item(rng)).collect();
-                        json!({"type":"PlaceOrder","customer_id":pick(rng, &CUSTOMER_IDS[..]),"items":items})
+                        // Half of the orders name a customer the case registers (joined).
+                        let customer = if self.customers && rng.random_bool(0.5) {
+                            format!("cust-{}", rng.random_range(0..8))
+                        } else {
+                            pick(rng, &CUSTOMER_IDS[..]).to_string()
+                        };
+                        json!({"type":"PlaceOrder","customer_id":customer,"items":items})
                     }
                     3 | 4 => {
                         let mut i = item(rng);
@@ -597,6 +617,14 @@ impl Case {
                     assert_eq!(v["status"], o.status, "seed {}: {id}", self.seed);
                     assert_eq!(v["total_cents"], o.total_cents, "seed {}: {id}", self.seed);
                     assert_eq!(v["placed_at"], rfc3339_ms(o.placed_at), "seed {}: {id}", self.seed);
+                    let email = self.model.customers.get(&o.customer_id);
+                    assert_eq!(
+                        v["customer_email"],
+                        json!(email),
+                        "seed {}: {id} of customer {}",
+                        self.seed,
+                        o.customer_id
+                    );
                 }
                 None => assert_eq!(st, StatusCode::NOT_FOUND, "seed {}: {id}: {body}", self.seed),
             }
@@ -686,8 +714,56 @@ async fn kafka_instance(
     .on_ownership(Arc::new(move |owned| r.set_owned(owned)))
     .aggregate::<Order>(())
     .view::<OrdersView>()
-    // The lookup table the orders view joins; customers are not written in this case (a
-    // customer aggregate in the group would take partitions the order instances split).
+    // The lookup table the orders view joins, from the events the customers instance
+    // writes (a customer aggregate here would take partitions the order instances split).
+    .view::<CustomersView>()
+    .build(log);
+    let router = eventfold::http::router(
+        runtime.clone(),
+        HttpOptions {
+            registry: Some(registry.clone()),
+            ..Default::default()
+        },
+    );
+    let server = tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
+    let instance = Instance {
+        runtime,
+        registry,
+        server,
+        _dir: dir,
+    };
+    (instance, base)
+}
+
+/// The instance of the Kafka case that runs the customer aggregate (and its view); the
+/// order instances split the order partitions between them.
+async fn kafka_customers_instance(bootstrap: &str, app: &str, clock: &ManualClock) -> (Instance, String) {
+    let (id, max_scanned) = ("c", 10_000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let options = KafkaOptions {
+        session_timeout: Duration::from_secs(6),
+        ..KafkaOptions::new(bootstrap, PARTITIONS, format!("{app}-{id}"))
+    };
+    let log: Arc<dyn Log> = Arc::new(tokio::task::block_in_place(|| KafkaLog::open(options, store)).unwrap());
+    let registry =
+        tokio::task::block_in_place(|| Registry::start(log.clone(), app, id, &base, Duration::from_millis(500)))
+            .unwrap();
+    let r = registry.clone();
+    let runtime = Runtime::builder(RuntimeOptions {
+        app_id: app.into(),
+        instance_id: id.into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock.clone()))
+    .view_options(ViewOptions {
+        max_scanned,
+        ..Default::default()
+    })
+    .on_ownership(Arc::new(move |owned| r.set_owned(owned)))
+    .aggregate::<Customer>(())
     .view::<CustomersView>()
     .build(log);
     let router = eventfold::http::router(
@@ -738,10 +814,12 @@ async fn run_kafka_case(seed: u64, bootstrap: &str) -> (usize, usize) {
         assert!(i.runtime.wait_restored(Duration::from_secs(30)).await);
     }
     eprintln!("seed {seed}: order partitions {:?}", owners(&a.registry));
+    let (c, url_c) = kafka_customers_instance(bootstrap, &app, &clock).await;
+    assert!(c.runtime.wait_restored(Duration::from_secs(60)).await);
     let mut case = Case::new(seed, vec![url_a, url_b], clock, max_scanned);
-    case.customers = false;
+    case.customer_base = Some(url_c);
     let counts = case.rounds(&mut rng).await;
-    for i in [a, b] {
+    for i in [a, b, c] {
         i.registry.leave().await;
         i.server.abort();
         drop(i.runtime);

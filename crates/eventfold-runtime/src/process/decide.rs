@@ -3,6 +3,7 @@
 //! commands to write. No I/O, no clock, no tokio: the worker prefetches, calls
 //! [`decide`], and commits the plan as one unit.
 
+use eventfold_core::Lookups;
 use eventfold_core::process::{Action, Actions, CommandOutcome, EventMeta, Input, ProcessContext, ProcessManager};
 use eventfold_core::process::{Refusal, Trigger, command_id};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -147,6 +148,7 @@ pub(crate) fn decide<P: ProcessManager>(
     steps: Vec<Step<P::Event>>,
     mut pre: Prefetched<P>,
     config: &P::Config,
+    lookups: &dyn Lookups,
     known: &dyn Fn(Option<&str>, &str) -> bool,
 ) -> Result<Plan, String> {
     let original = pre.timers.clone();
@@ -165,7 +167,7 @@ pub(crate) fn decide<P: ProcessManager>(
             plan.answered.push(*seq);
         }
         let mut actions = Actions::new();
-        let reaction = react_to::<P>(step, &key, config, &mut state, &mut actions);
+        let reaction = react_to::<P>(step, &key, (config, lookups), &mut state, &mut actions);
         if let Err(msg) = reaction.panicked {
             return Err(format!(
                 "process manager `{}` panicked reacting to {}: {msg}",
@@ -197,11 +199,16 @@ struct Reaction {
 fn react_to<P: ProcessManager>(
     step: Step<P::Event>,
     key: &str,
-    config: &P::Config,
+    (config, lookups): (&P::Config, &dyn Lookups),
     state: &mut P,
     actions: &mut Actions,
 ) -> Reaction {
-    let ctx = |now_ms| ProcessContext { key, now_ms, config };
+    let ctx = |now_ms| ProcessContext {
+        key,
+        now_ms,
+        config,
+        lookups,
+    };
     match step {
         Step::Event { event, envelope, .. } => {
             let input = Input::Event {
@@ -468,7 +475,9 @@ mod tests {
 
     fn run(mut steps: Vec<Step<u32>>, pre: Prefetched<Counter>) -> Result<Plan, String> {
         correlate::<Counter>(&mut steps);
-        decide::<Counter>(steps, pre, &(), &|app, t| app.is_none() && t == "target")
+        decide::<Counter>(steps, pre, &(), &eventfold_core::NoLookups, &|app, t| {
+            app.is_none() && t == "target"
+        })
     }
 
     #[test]
