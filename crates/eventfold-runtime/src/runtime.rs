@@ -334,6 +334,7 @@ impl RuntimeBuilder {
             self.options.app_id.clone(),
             services.clone(),
             foreign,
+            tables.clone(),
         ));
         let processes = self
             .processes
@@ -343,7 +344,6 @@ impl RuntimeBuilder {
                 let with = crate::process::StartWith {
                     log: &log,
                     targets: &targets,
-                    tables: &tables,
                     clock: &self.clock,
                     options: &self.process_options,
                     app: &self.options.app_id,

@@ -213,8 +213,7 @@ pub(crate) struct StartWith<'a> {
     pub log: &'a Arc<dyn Log>,
     /// The aggregates it reads and sends to.
     pub targets: &'a Arc<Targets>,
-    /// The lookup tables its reactions read.
-    pub tables: &'a crate::lookup::Tables,
+
     pub clock: &'a Arc<dyn Clock>,
     pub options: &'a ProcessOptions,
     /// The app id (Kafka mode: the changelog topic's and the group's prefix).
@@ -249,7 +248,6 @@ fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<Proce
         let owner = owner::Owner::<P> {
             log: with.log.clone(),
             targets: with.targets.clone(),
-            tables: with.tables.clone(),
             clock: with.clock.clone(),
             options: with.options.clone(),
             config,
@@ -266,7 +264,6 @@ fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<Proce
     match worker::Worker::<P>::new(
         with.log,
         with.targets,
-        with.tables,
         with.clock,
         with.options,
         config,

@@ -25,7 +25,6 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 pub(crate) struct Owner<P: ProcessManager> {
     pub log: Arc<dyn Log>,
     pub targets: Arc<Targets>,
-    pub tables: crate::lookup::Tables,
     pub clock: Arc<dyn Clock>,
     pub options: ProcessOptions,
     pub config: P::Config,
@@ -98,7 +97,6 @@ impl<P: ProcessManager> Owner<P> {
             let worker = match Worker::<P>::new(
                 &self.log,
                 &self.targets,
-                &self.tables,
                 &self.clock,
                 &self.options,
                 self.config.clone(),

@@ -21,6 +21,8 @@ pub(crate) struct Targets {
     local: BTreeMap<String, Arc<dyn AggregateService>>,
     /// Kafka mode: other apps' aggregates; `None` on the embedded log (one app).
     foreign: Option<Foreign>,
+    /// The lookup tables reactions read.
+    tables: crate::lookup::Tables,
 }
 
 /// Requesters of other apps' aggregate types, made at their first command.
@@ -80,13 +82,25 @@ impl Target {
 }
 
 impl Targets {
-    /// This service's aggregates (`local`, of app `app`) and, in Kafka mode, `foreign`.
+    /// This service's aggregates (`local`, of app `app`), in Kafka mode `foreign`, and
+    /// the lookup tables.
     pub(crate) fn new(
         app: String,
         local: BTreeMap<String, Arc<dyn AggregateService>>,
         foreign: Option<Foreign>,
+        tables: crate::lookup::Tables,
     ) -> Self {
-        Self { app, local, foreign }
+        Self {
+            app,
+            local,
+            foreign,
+            tables,
+        }
+    }
+
+    /// The lookup tables.
+    pub(crate) fn tables(&self) -> &crate::lookup::Tables {
+        &self.tables
     }
 
     /// This service's aggregate type `t`.

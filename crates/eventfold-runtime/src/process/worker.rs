@@ -131,7 +131,6 @@ pub(crate) struct Worker<P: ProcessManager> {
     subs: Vec<Subscription<P::Event>>,
     sources: Vec<Source>,
     targets: Arc<Targets>,
-    tables: crate::lookup::Tables,
     wake: Vec<broadcast::Receiver<(Arc<str>, u64)>>,
     answers_tx: mpsc::UnboundedSender<Answer>,
     answers: mpsc::UnboundedReceiver<Answer>,
@@ -153,7 +152,6 @@ impl<P: ProcessManager> Worker<P> {
     pub(crate) fn new(
         log: &Arc<dyn Log>,
         targets: &Arc<Targets>,
-        tables: &crate::lookup::Tables,
         clock: &Arc<dyn Clock>,
         options: &ProcessOptions,
         config: P::Config,
@@ -230,7 +228,6 @@ impl<P: ProcessManager> Worker<P> {
             subs,
             sources,
             targets: targets.clone(),
-            tables: tables.clone(),
             wake,
             answers_tx,
             answers,
@@ -466,7 +463,9 @@ impl<P: ProcessManager> Worker<P> {
         decide::correlate::<P>(&mut steps);
         let pre = self.prefetch(&steps)?;
         let targets = &self.targets;
-        let plan = decide::decide::<P>(steps, pre, &self.config, &self.tables, &|app, t| targets.knows(app, t))?;
+        let plan = decide::decide::<P>(steps, pre, &self.config, targets.tables(), &|app, t| {
+            targets.knows(app, t)
+        })?;
         let (answered, reactions) = (plan.answered.len() as u64, plan.reactions);
         let mut batch = Batch::new();
         let mut records = changelog::Records::new(self.clock.now_ms());
