@@ -1,5 +1,4 @@
-//! A bank account service, the smallest complete eventfold service: one aggregate
-//! (`account`) and one view (`accounts`). docs/guide.md builds it from an empty crate.
+//! A bank account service: one aggregate (`account`) and one view (`accounts`).
 
 pub mod account;
 pub mod view;

@@ -1,9 +1,7 @@
-//! The account's rules and the accounts view, given/when/then, without a runtime.
+//! The account's rules, given/when/then: no runtime, no I/O.
 
-use eventfold::{AggregateTest, ProjectionTest};
+use eventfold::AggregateTest;
 use quickstart::account::{Account, Command, Event};
-use quickstart::view::AccountsView;
-use serde_json::json;
 
 fn opened() -> Event {
     Event::Opened { owner: "ann".into() }
@@ -52,17 +50,4 @@ fn money_moves_only_in_an_open_account_and_in_amounts_above_zero() {
         .given([opened(), Event::Deposited { amount_cents: u64::MAX }])
         .when(Command::Deposit { amount_cents: 1 })
         .then_rejected("invalid_amount");
-}
-
-#[test]
-fn the_view_follows_the_balance_and_indexes_owner_and_balance() {
-    ProjectionTest::<AccountsView>::new()
-        .given("a-1", [opened(), Event::Deposited { amount_cents: 500 }])
-        .given("a-2", [Event::Opened { owner: "bob".into() }])
-        .when("a-1", Event::Withdrawn { amount_cents: 200 })
-        .then_row("a-1", json!({"owner": "ann", "balance_cents": 300}))
-        .then_index("owner", "ann", &["a-1"])
-        .then_index("balance_cents", "300", &["a-1"])
-        .then_index("balance_cents", "0", &["a-2"])
-        .then_no_errors();
 }
