@@ -1,0 +1,4 @@
+//! A bank account service: one aggregate (`account`) and one view (`accounts`).
+
+pub mod account;
+pub mod view;
