@@ -688,14 +688,14 @@ class Suite:
             """Reads every page; returns (ms to the first page, ms to the last, rows)."""
             start, first, rows, cursor = time.monotonic(), None, 0, None
             while True:
-                q = f"customer_id={customer}&limit=1000&min_position={position}"
+                q = f"customer_id={customer}&limit=1000" + (f"&min_position={position}" if position else "")
                 if cursor:
                     q += f"&cursor={urllib.parse.quote(cursor)}"
                 with urllib.request.urlopen(f"{url}/v1/views/orders?{q}", timeout=30) as r:
                     page = json.loads(r.read())
                 first = first or (time.monotonic() - start) * 1000
                 for row in page["rows"]:
-                    if row["value"].get("customer_email") != email:
+                    if email is not None and row["value"].get("customer_email") != email:
                         die(f"join fan-out: order {row['key']} shows {row['value'].get('customer_email')!r}, "
                             f"not {email!r}")
                 rows += len(page["rows"])
@@ -703,8 +703,13 @@ class Suite:
                 if not cursor:
                     return first, (time.monotonic() - start) * 1000, rows
 
-        # The orders are in (the load waited for each answer); the session position of the
-        # registration covers the customers view, the read's min_position the orders'.
+        # The load waited for each answer, but the view applies them after: wait until it
+        # holds every order (the changes' positions cover only the customers table).
+        deadline = time.monotonic() + 120
+        while read_all(None, None)[2] < fanout:
+            if time.monotonic() > deadline:
+                die(f"join fan-out: the orders view did not show {fanout} orders of {customer} within 120 s")
+            time.sleep(0.1)
         position = command({"type": "RegisterCustomer", "name": "F", "email": f"{customer}@0.test"}, None)
         results = []
         for i in range(n_runs):
@@ -830,7 +835,11 @@ class Suite:
                   "broker": f"Apache Kafka 4.4.0, single node KRaft at {self.bootstrap}",
                   "aim": "eventfold p99 at most 0.5x the Kafka Streams peer's at the fixed rate (issue 53)"}
         fixed, most = f"flows {rate}/s fixed-rate", f"flows max ({in_flight} in flight)"
-        runs = {f"{system} {load}": [] for system in ("eventfold", "kafka-streams") for load in (fixed, most)}
+        systems = ["eventfold", "kafka-streams"] + (["eventfold unpaced"] if a.kafka_flows_unpaced else [])
+        runs = {f"{system} {load}": [] for system in systems for load in (fixed, most)}
+        if a.kafka_flows_unpaced:
+            params["unpaced"] = ("eventfold unpaced: the shop with --kafka-min-transaction-interval-ms 0 "
+                                 "(transactions back to back), a third system in every pair")
 
         def measure(system, pid, app, loads):
             """Warm-up (discarded), then the loads; each result gets the service's CPU per flow."""
@@ -846,14 +855,14 @@ class Suite:
                     f"{r['throughput_per_s']:,.0f}/s, p99 {r['latency_ms']['p99']:.1f} ms, failed {r['failed']}")
                 runs[f"{system} {load}"].append(r)
 
-        def eventfold(i):
-            app = f"eff{self.run_tag}r{i}"
-            log(f"kafka-flows run {i + 1}/{a.runs}: eventfold (app {app})")
+        def eventfold(i, system="eventfold", extra=()):
+            app = f"eff{self.run_tag}r{i}{'u' if extra else ''}"
+            log(f"kafka-flows run {i + 1}/{a.runs}: {system} (app {app})")
             svc, url = self.shop(f"shop-kflows-{i}", self.work / f"kflows-{i}", kafka=True, app=app,
-                                 partitions=a.kafka_partitions)
+                                 partitions=a.kafka_partitions, extra=extra)
             with svc as p:
                 p.wait_http(url + "/readyz", 120)
-                measure("eventfold", p.proc.pid, app, (fixed, most))
+                measure(system, p.proc.pid, app, (fixed, most))
             shutil.rmtree(self.work / f"kflows-{i}", ignore_errors=True)
             self.drop_app(app)
 
@@ -890,11 +899,16 @@ class Suite:
             order = [lambda: eventfold(i), lambda: peer(f"r{i}", best, (fixed, most))]
             if a.no_peers:
                 order = order[:1]
+            if a.kafka_flows_unpaced:
+                order.insert(1, lambda: eventfold(i, "eventfold unpaced",
+                                                  ("--kafka-min-transaction-interval-ms", "0")))
             for step in (order if i % 2 == 0 else order[::-1]):
                 step()
         self.record("kafka-flows", params, runs,
                     pairs=[(f"eventfold {fixed}", f"kafka-streams {fixed}"),
-                           (f"eventfold {most}", f"kafka-streams {most}")])
+                           (f"eventfold {most}", f"kafka-streams {most}"),
+                           (f"eventfold unpaced {fixed}", f"kafka-streams {fixed}"),
+                           (f"eventfold unpaced {fixed}", f"eventfold {fixed}")])
         sc = self.results["scenarios"]["kafka-flows"]
         ratio = next((r.get("p99_latency") for r in sc["ratios"] if r["eventfold"] == f"eventfold {fixed}"), None)
         failed = sum(r["failed"] for rs in runs.values() for r in rs)
@@ -1285,6 +1299,8 @@ def main():
     ap.add_argument("--kafka-flows-rate", type=int,
                     help="kafka-flows scenario: flows started per second in the fixed-rate runs (default 100; "
                          "smoke 20)")
+    ap.add_argument("--kafka-flows-unpaced", action="store_true",
+                    help="kafka-flows: also run the shop with --kafka-min-transaction-interval-ms 0 in every pair")
     ap.add_argument("--kafka-flows-in-flight", type=int,
                     help="kafka-flows scenario: flows in flight in the max-rate runs, closed loop (default 64; "
                          "smoke 8)")

@@ -22,6 +22,14 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "an embedded-only service builds without librdkafka (cargo feature kafka off)"
+if cargo tree -p quickstart --no-default-features --edges normal --locked | grep -q rdkafka; then
+  echo "quickstart --no-default-features still depends on rdkafka:" >&2
+  cargo tree -p quickstart --no-default-features --edges normal --locked -i rdkafka-sys >&2 || true
+  exit 1
+fi
+cargo check -p quickstart --no-default-features --all-targets --locked
+
 step "vendor/: rebuilt from upstream + patches, their own tests, upstream reads what they write (scripts/vendor.sh)"
 scripts/vendor.sh check
 scripts/vendor.sh test

@@ -70,6 +70,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use eventfold_http::HttpOptions;
 use eventfold_log::Log;
 use eventfold_log::embedded::{self, EmbeddedLog};
+#[cfg(feature = "kafka")]
 use eventfold_log::kafka::{KafkaLog, KafkaOptions};
 use eventfold_runtime::{RebuildStats, Registry, Runtime, RuntimeOptions, ViewOptions};
 use eventfold_store::{Store, StoreOptions};
@@ -423,6 +424,8 @@ fn init_logging() {
 /// The log over `store`: the embedded log, or in Kafka mode the Kafka log, read-only for
 /// `reader` (a rebuild: no producer, no group; see `KafkaLog::open_reader`).
 fn open_log(opts: &ServeOptions, store: Store, reader: bool) -> anyhow::Result<Arc<dyn Log>> {
+    #[cfg(not(feature = "kafka"))]
+    let _ = reader;
     Ok(match &opts.kafka {
         None => Arc::new(EmbeddedLog::open(
             store,
@@ -433,12 +436,16 @@ fn open_log(opts: &ServeOptions, store: Store, reader: bool) -> anyhow::Result<A
                 ..Default::default()
             },
         )?),
+        #[cfg(not(feature = "kafka"))]
+        Some(_) => bail!("--kafka: this build has no Kafka support (build eventfold with its `kafka` feature)"),
+        #[cfg(feature = "kafka")]
         Some(bootstrap) if reader => {
             let kafka = opts.kafka_options(bootstrap);
             let log = tokio::task::block_in_place(|| KafkaLog::open_reader(kafka, store))
                 .with_context(|| format!("cannot read the Kafka log at {bootstrap}"))?;
             Arc::new(log)
         }
+        #[cfg(feature = "kafka")]
         Some(bootstrap) => {
             // One instance per transactional id: a restarted instance fences its previous
             // incarnation. Opening connects and initializes transactions (blocking).

@@ -5,8 +5,10 @@
 //! `eventfold` binary is the ops CLI (load generator, ...).
 
 pub mod app;
+#[cfg(feature = "kafka")]
 pub mod drop_app;
 pub mod load;
+#[cfg(feature = "kafka")]
 pub mod load_topic;
 pub mod process;
 pub mod rebuild;

@@ -155,6 +155,7 @@ impl KafkaOptions {
         }
     }
 
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(super) fn validate(&self) -> Result<()> {
         let bad = |what: &str| Err(Error::Config(format!("kafka options: {what}")));
         if self.bootstrap_servers.trim().is_empty() {

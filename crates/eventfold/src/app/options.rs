@@ -168,6 +168,7 @@ impl ServeOptions {
     }
 
     /// The Kafka log's options from the flags.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn kafka_options(&self, bootstrap: &str) -> KafkaOptions {
         KafkaOptions {
             committers: self.kafka_committers,
