@@ -34,7 +34,7 @@
 //! view offline from offset 0.
 
 use crate::error::{Error, Result};
-use crate::lookup::{LookupTable, Tables};
+use crate::lookup::{JoinCache, JoinError, LookupTable, Tables};
 use crate::service::{AggregateService, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;
@@ -292,6 +292,15 @@ impl LookupTable for ViewService {
             Some(raw) => serde_json::from_str(raw.get()).ok(),
             None => None,
         })
+    }
+
+    fn raw(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        if key.is_empty() || key.len() > eventfold_core::projection::MAX_ROW_KEY_BYTES {
+            return Ok(None);
+        }
+        // A lookup table is replicated: every row is here (no ownership check). Its own
+        // joins, if any, are not applied to what other views join from it.
+        Ok(self.store.get_view_row(&self.storage, key)?)
     }
 
     fn wait<'a>(
@@ -552,32 +561,21 @@ impl ViewService {
             return Err(self.not_owner(p));
         }
         match self.store.get_view_row(&self.storage, key)? {
-            Some(json) => self.read_row(key, json).map(Some),
+            Some(json) => self.read_row(key, json, &mut JoinCache::default()).map(Some),
             None => Ok(None),
         }
     }
 
     /// A stored row as served: with its joins filled from the lookup tables.
-    fn read_row(&self, key: &str, json: Vec<u8>) -> Result<Box<RawValue>> {
+    fn read_row(&self, key: &str, json: Vec<u8>, cache: &mut JoinCache) -> Result<Box<RawValue>> {
         if self.joins.is_empty() {
             return raw_json(self.name, key, json);
         }
-        let mut doc: Value = serde_json::from_slice(&json)
-            .map_err(|_| corrupt("view_row", format!("{}/{key}", self.name), "row is not JSON"))?;
-        let mut failed = None;
-        for join in &self.joins {
-            join.fill(&mut doc, |fk| {
-                let tables = self.tables.get()?;
-                tables.row(join.table, fk).unwrap_or_else(|e| {
-                    failed = Some(e);
-                    None
-                })
-            });
+        match crate::lookup::fill(&json, &self.joins, self.tables.get(), cache) {
+            Ok(joined) => raw_json(self.name, key, joined),
+            Err(JoinError::Row(reason)) => Err(corrupt("view_row", format!("{}/{key}", self.name), reason)),
+            Err(JoinError::Table(e)) => Err(e),
         }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        raw_json(self.name, key, doc.to_string().into_bytes())
     }
 
     /// Gives the view its lookup tables (once).
@@ -692,12 +690,13 @@ impl ViewService {
         let page = self
             .store
             .scan_view(&self.storage, query.order_by.as_deref(), &scan, &mut filter)?;
+        let mut cache = JoinCache::default();
         let rows = page
             .rows
             .into_iter()
             .map(|h| {
                 Ok(QueryRow {
-                    value: self.read_row(&h.key, h.json)?,
+                    value: self.read_row(&h.key, h.json, &mut cache)?,
                     key: h.key,
                     position: h.position,
                 })
