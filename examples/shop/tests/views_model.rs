@@ -21,6 +21,9 @@
 //! customers (their commands go there); the two order instances hold the `customers`
 //! lookup table from its events.
 //!
+//! On one instance, each case ends with both views rebuilt offline from a copy of the
+//! events and served again: every row and email as the model says.
+//!
 //! Replay one case with `EVENTFOLD_PROPTEST_SEED=<seed>`; run more with
 //! `EVENTFOLD_PROPTEST_CASES=<n>` (default 24; the Kafka test runs a quarter of them, at
 //! least 2).
@@ -32,6 +35,7 @@ use eventfold::core::time::{parse_rfc3339_ms, rfc3339_ms};
 use eventfold::http::HttpOptions;
 use eventfold::log::Log;
 use eventfold::log::kafka::{KafkaLog, KafkaOptions};
+use eventfold::runtime::view::rebuild;
 use eventfold::runtime::{ManualClock, Registry, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
 use rand::rngs::StdRng;
@@ -666,10 +670,48 @@ async fn run_case(seed: u64) -> (usize, usize) {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = eventfold::http::router(runtime.clone(), HttpOptions::default());
     let server = tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
-    let mut case = Case::new(seed, vec![base], clock, max_scanned);
+    let mut case = Case::new(seed, vec![base], clock.clone(), max_scanned);
     let counts = case.rounds(&mut rng).await;
+    // After a rebuild: the same events in another store, both views rebuilt offline, then
+    // served: every row (and its customer's email) still as the model says.
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy: Arc<dyn Log> = Arc::new(common::test_log(copy_dir.path()));
+    let mut batch = eventfold::store::Batch::new();
+    for topic in ["shop.order.events", "shop.customer.events"] {
+        for p in 0..runtime.log().partitions() {
+            for (offset, record) in runtime.log().read(topic, p, 0, usize::MAX).await.unwrap() {
+                batch.put_log(topic, p, offset, &record);
+            }
+        }
+    }
+    copy.store().commit(batch, true).unwrap();
+    let options = ViewOptions::default();
+    rebuild::<OrdersView>(copy.clone(), "shop", &options, &mut |_, _| {})
+        .await
+        .unwrap();
+    rebuild::<CustomersView>(copy.clone(), "shop", &options, &mut |_, _| {})
+        .await
+        .unwrap();
     server.abort();
     drop(runtime);
+    let rebuilt = Runtime::builder(RuntimeOptions {
+        app_id: "shop".into(),
+        ..Default::default()
+    })
+    .clock(Arc::new(clock))
+    .aggregate::<Order>(())
+    .aggregate::<Customer>(())
+    .view::<OrdersView>()
+    .view::<CustomersView>()
+    .build(copy);
+    assert!(rebuilt.wait_restored(Duration::from_secs(10)).await);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    case.bases = vec![format!("http://{}", listener.local_addr().unwrap())];
+    let router = eventfold::http::router(rebuilt.clone(), HttpOptions::default());
+    let server = tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
+    case.check_keys().await;
+    server.abort();
+    drop(rebuilt);
     counts
 }
 
@@ -681,10 +723,21 @@ struct Instance {
     _dir: tempfile::TempDir,
 }
 
+/// What an instance of the Kafka case runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The order aggregate and view, with the customers lookup table from the events the
+    /// customers instance writes (a customer aggregate here would take partitions the
+    /// order instances split).
+    Orders,
+    /// The customer aggregate and its view.
+    Customers,
+}
+
 async fn kafka_instance(
     bootstrap: &str,
     app: &str,
-    id: &str,
+    (id, role): (&str, Role),
     clock: &ManualClock,
     max_scanned: usize,
 ) -> (Instance, String) {
@@ -701,7 +754,7 @@ async fn kafka_instance(
         tokio::task::block_in_place(|| Registry::start(log.clone(), app, id, &base, Duration::from_millis(500)))
             .unwrap();
     let r = registry.clone();
-    let runtime = Runtime::builder(RuntimeOptions {
+    let builder = Runtime::builder(RuntimeOptions {
         app_id: app.into(),
         instance_id: id.into(),
         ..Default::default()
@@ -711,61 +764,12 @@ async fn kafka_instance(
         max_scanned,
         ..Default::default()
     })
-    .on_ownership(Arc::new(move |owned| r.set_owned(owned)))
-    .aggregate::<Order>(())
-    .view::<OrdersView>()
-    // The lookup table the orders view joins, from the events the customers instance
-    // writes (a customer aggregate here would take partitions the order instances split).
-    .view::<CustomersView>()
-    .build(log);
-    let router = eventfold::http::router(
-        runtime.clone(),
-        HttpOptions {
-            registry: Some(registry.clone()),
-            ..Default::default()
-        },
-    );
-    let server = tokio::spawn(eventfold::http::serve(listener, router, std::future::pending()));
-    let instance = Instance {
-        runtime,
-        registry,
-        server,
-        _dir: dir,
+    .on_ownership(Arc::new(move |owned| r.set_owned(owned)));
+    let builder = match role {
+        Role::Orders => builder.aggregate::<Order>(()).view::<OrdersView>(),
+        Role::Customers => builder.aggregate::<Customer>(()),
     };
-    (instance, base)
-}
-
-/// The instance of the Kafka case that runs the customer aggregate (and its view); the
-/// order instances split the order partitions between them.
-async fn kafka_customers_instance(bootstrap: &str, app: &str, clock: &ManualClock) -> (Instance, String) {
-    let (id, max_scanned) = ("c", 10_000);
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let options = KafkaOptions {
-        session_timeout: Duration::from_secs(6),
-        ..KafkaOptions::new(bootstrap, PARTITIONS, format!("{app}-{id}"))
-    };
-    let log: Arc<dyn Log> = Arc::new(tokio::task::block_in_place(|| KafkaLog::open(options, store)).unwrap());
-    let registry =
-        tokio::task::block_in_place(|| Registry::start(log.clone(), app, id, &base, Duration::from_millis(500)))
-            .unwrap();
-    let r = registry.clone();
-    let runtime = Runtime::builder(RuntimeOptions {
-        app_id: app.into(),
-        instance_id: id.into(),
-        ..Default::default()
-    })
-    .clock(Arc::new(clock.clone()))
-    .view_options(ViewOptions {
-        max_scanned,
-        ..Default::default()
-    })
-    .on_ownership(Arc::new(move |owned| r.set_owned(owned)))
-    .aggregate::<Customer>(())
-    .view::<CustomersView>()
-    .build(log);
+    let runtime = builder.view::<CustomersView>().build(log);
     let router = eventfold::http::router(
         runtime.clone(),
         HttpOptions {
@@ -791,8 +795,8 @@ async fn run_kafka_case(seed: u64, bootstrap: &str) -> (usize, usize) {
     let clock = ManualClock::at(T0);
     let max_scanned = random_budget(&mut rng);
     let app = format!("vm{seed}x{:08x}", rand::random::<u32>());
-    let (a, url_a) = kafka_instance(bootstrap, &app, "a", &clock, max_scanned).await;
-    let (b, url_b) = kafka_instance(bootstrap, &app, "b", &clock, max_scanned).await;
+    let (a, url_a) = kafka_instance(bootstrap, &app, ("a", Role::Orders), &clock, max_scanned).await;
+    let (b, url_b) = kafka_instance(bootstrap, &app, ("b", Role::Orders), &clock, max_scanned).await;
     // Both instances own order partitions, and each knows who owns what.
     let owners = |r: &Registry| -> Vec<(u32, Option<String>)> {
         (0..PARTITIONS)
@@ -814,7 +818,7 @@ async fn run_kafka_case(seed: u64, bootstrap: &str) -> (usize, usize) {
         assert!(i.runtime.wait_restored(Duration::from_secs(30)).await);
     }
     eprintln!("seed {seed}: order partitions {:?}", owners(&a.registry));
-    let (c, url_c) = kafka_customers_instance(bootstrap, &app, &clock).await;
+    let (c, url_c) = kafka_instance(bootstrap, &app, ("c", Role::Customers), &clock, max_scanned).await;
     assert!(c.runtime.wait_restored(Duration::from_secs(60)).await);
     let mut case = Case::new(seed, vec![url_a, url_b], clock, max_scanned);
     case.customer_base = Some(url_c);
