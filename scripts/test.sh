@@ -30,6 +30,9 @@ if cargo tree -p quickstart --no-default-features --edges normal --locked | grep
 fi
 cargo check -p quickstart --no-default-features --all-targets --locked
 
+step "a crate outside the workspace depends on eventfold by path: no [patch], no warnings, serves (scripts/check_outside_crate.sh)"
+scripts/check_outside_crate.sh
+
 step "vendor/: rebuilt from upstream + patches, their own tests, upstream reads what they write (scripts/vendor.sh)"
 scripts/vendor.sh check
 scripts/vendor.sh test

@@ -178,7 +178,8 @@ cmd_diff() {
 
 # Upstream's tests ship inside src/ (the .crate has no tests/ directory): `cargo test` of
 # each patched crate runs its unit tests and doc tests (its manifest turns off other test
-# targets), in one workspace in which fjall uses the patched lsm-tree, as eventfold does.
+# targets), in one workspace in which fjall uses the patched lsm-tree (by path: its 0000 patch), as
+# eventfold does.
 # Then vendor/compat, against the pristine releases.
 cmd_test() {
   local work="$cache/test" crate tmp
@@ -193,18 +194,15 @@ cmd_test() {
 [workspace]
 resolver = "2"
 members = ["fjall", "lsm-tree"]
-
-[patch.crates-io]
-lsm-tree = { path = "lsm-tree" }
 EOF
   # Every one of these tests passes on the pristine releases (2026-12-06: lsm-tree 236
   # unit tests and 23 doc tests, fjall 72 and 86; the 3 they mark #[ignore] stay ignored),
   # so none is skipped here. One that fails on the pristine release too would be skipped
   # by name (`-- --skip NAME --exact`), with its reason beside it.
   step "lsm-tree: its own tests on the patched sources"
-  (cd "$work/patched" && CARGO_TARGET_DIR="$target" cargo test --release --quiet -p lsm-tree)
+  (cd "$work/patched" && CARGO_TARGET_DIR="$target" cargo test --release --quiet -p eventfold-lsm-tree)
   step "fjall: its own tests on the patched sources (with the patched lsm-tree)"
-  (cd "$work/patched" && CARGO_TARGET_DIR="$target" cargo test --release --quiet -p fjall)
+  (cd "$work/patched" && CARGO_TARGET_DIR="$target" cargo test --release --quiet -p eventfold-fjall)
   step "vendor/compat: what the patched crates write, the pristine releases read"
   "$root/vendor/compat/run.sh" "$work" "$target"
 }
@@ -223,16 +221,13 @@ cmd_series() {
 [workspace]
 resolver = "2"
 members = ["fjall", "lsm-tree"]
-
-[patch.crates-io]
-lsm-tree = { path = "lsm-tree" }
 EOF2
   for crate in $(crates); do
     read -r _ version _ <<<"$(release_of "$crate")"
     for p in "$root/vendor/patches/$crate-$version"/*.patch; do
       GIT_CEILING_DIRECTORIES="$work" git -C "$work/$crate" apply --whitespace=nowarn "$p" ||
         die "$(basename "$p") does not apply to $crate $version (with the patches before it)"
-      (cd "$work" && CARGO_TARGET_DIR="$target" cargo check --quiet -p "$crate" --lib --tests) ||
+      (cd "$work" && CARGO_TARGET_DIR="$target" cargo check --quiet -p "eventfold-$crate" --lib --tests) ||
         die "$crate $version does not build with the patches up to $(basename "$p")"
       echo "$crate $version builds with the patches up to $(basename "$p")" >&2
     done

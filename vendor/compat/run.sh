@@ -22,12 +22,13 @@ for build in upstream patched; do
   features=()
   if [ "$build" = patched ]; then
     features=(--features patched)
-    cat >>"$manifest" <<PATCH
-
-[patch.crates-io]
-fjall = { path = "$work/patched/fjall" }
-lsm-tree = { path = "$work/patched/lsm-tree" }
-PATCH
+    # The patched crates are packages of their own names (their 0000 patches); the
+    # libraries keep theirs, so both builds compile the same source.
+    sed -i -e "s|^fjall = .*|fjall = { package = \"eventfold-fjall\", path = \"$work/patched/fjall\" }|" \
+      -e "s|^lsm-tree = .*|lsm-tree = { package = \"eventfold-lsm-tree\", path = \"$work/patched/lsm-tree\" }|" \
+      "$manifest"
+    grep -q eventfold-fjall "$manifest" && grep -q eventfold-lsm-tree "$manifest" ||
+      { echo "run.sh: vendor/compat/Cargo.toml lacks the fjall and lsm-tree lines it rewrites" >&2; exit 1; }
   fi
   copy_if_changed "$manifest" "$dir/Cargo.toml"
   rm -f "$manifest"

@@ -38,11 +38,7 @@ pub trait Readable {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn get<K: AsRef<[u8]>>(
-        &self,
-        keyspace: impl AsRef<Keyspace>,
-        key: K,
-    ) -> crate::Result<Option<UserValue>>;
+    fn get<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<UserValue>>;
 
     /// Returns `true` if the snapshot contains the specified key.
     ///
@@ -65,11 +61,7 @@ pub trait Readable {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn contains_key<K: AsRef<[u8]>>(
-        &self,
-        keyspace: impl AsRef<Keyspace>,
-        key: K,
-    ) -> crate::Result<bool>;
+    fn contains_key<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<bool>;
 
     /// Returns the first key-value pair in the snapshot.
     /// The key in this pair is the minimum key in the snapshot.
@@ -143,11 +135,7 @@ pub trait Readable {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn size_of<K: AsRef<[u8]>>(
-        &self,
-        keyspace: impl AsRef<Keyspace>,
-        key: K,
-    ) -> crate::Result<Option<u32>>;
+    fn size_of<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<u32>>;
 
     /// Returns `true` if the parkeyspacetition is empty.
     ///
@@ -173,11 +161,7 @@ pub trait Readable {
     ///
     /// Will return `Err` if an IO error occurs.
     fn is_empty(&self, keyspace: impl AsRef<Keyspace>) -> crate::Result<bool> {
-        Ok(self
-            .first_key_value(keyspace)
-            .map(Guard::key)
-            .transpose()?
-            .is_none())
+        Ok(self.first_key_value(keyspace).map(Guard::key).transpose()?.is_none())
     }
 
     /// Iterates over the snapshot.
@@ -271,11 +255,7 @@ pub trait Readable {
     /// #
     /// # Ok::<(), fjall::Error>(())
     /// ```
-    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(
-        &self,
-        keyspace: impl AsRef<Keyspace>,
-        range: R,
-    ) -> Iter;
+    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, keyspace: impl AsRef<Keyspace>, range: R) -> Iter;
 
     /// Iterates over a prefixed set of the snapshot.
     ///

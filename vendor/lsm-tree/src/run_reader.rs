@@ -19,10 +19,7 @@ pub struct RunReader {
 
 impl RunReader {
     #[must_use]
-    pub fn new<R: RangeBounds<UserKey> + Clone + Send + 'static>(
-        run: Arc<Run<Table>>,
-        range: R,
-    ) -> Option<Self> {
+    pub fn new<R: RangeBounds<UserKey> + Clone + Send + 'static>(run: Arc<Run<Table>>, range: R) -> Option<Self> {
         assert!(!run.is_empty(), "level reader cannot read empty level");
 
         let (lo, hi) = run.range_overlap_indexes(&range)?;
@@ -40,19 +37,13 @@ impl RunReader {
         let hi = hi.unwrap_or(run.len() - 1);
 
         // TODO: lazily init readers?
-        #[expect(
-            clippy::expect_used,
-            reason = "we trust the caller to pass valid indexes"
-        )]
+        #[expect(clippy::expect_used, reason = "we trust the caller to pass valid indexes")]
         let lo_table = run.deref().get(lo).expect("should exist");
         let lo_reader = lo_table.range(range.clone());
 
         // TODO: lazily init readers?
         let hi_reader = if hi > lo {
-            #[expect(
-                clippy::expect_used,
-                reason = "we trust the caller to pass valid indexes"
-            )]
+            #[expect(clippy::expect_used, reason = "we trust the caller to pass valid indexes")]
             let hi_table = run.deref().get(hi).expect("should exist");
             Some(hi_table.range(range))
         } else {
@@ -154,12 +145,7 @@ mod tests {
         )
         .open()?;
 
-        let ids = [
-            ["a", "b", "c"],
-            ["d", "e", "f"],
-            ["g", "h", "i"],
-            ["j", "k", "l"],
-        ];
+        let ids = [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"], ["j", "k", "l"]];
 
         for batch in ids {
             for id in batch {
@@ -168,11 +154,7 @@ mod tests {
             tree.flush_active_memtable(0)?;
         }
 
-        let tables = tree
-            .current_version()
-            .iter_tables()
-            .cloned()
-            .collect::<Vec<_>>();
+        let tables = tree.current_version().iter_tables().cloned().collect::<Vec<_>>();
 
         let level = Arc::new(Run::new(tables).unwrap());
 
@@ -194,12 +176,7 @@ mod tests {
         )
         .open()?;
 
-        let ids = [
-            ["a", "b", "c"],
-            ["d", "e", "f"],
-            ["g", "h", "i"],
-            ["j", "k", "l"],
-        ];
+        let ids = [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"], ["j", "k", "l"]];
 
         for batch in ids {
             for id in batch {
@@ -208,11 +185,7 @@ mod tests {
             tree.flush_active_memtable(0)?;
         }
 
-        let tables = tree
-            .current_version()
-            .iter_tables()
-            .cloned()
-            .collect::<Vec<_>>();
+        let tables = tree.current_version().iter_tables().cloned().collect::<Vec<_>>();
 
         let level = Arc::new(Run::new(tables).unwrap());
 

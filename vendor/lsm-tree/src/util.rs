@@ -77,14 +77,8 @@ mod tests {
 
         let range = prefixed_range(prefix, min..=max);
 
-        assert_eq!(
-            range.start_bound(),
-            Included(&UserKey::new(&[b'a', b'b', b'c', 5]))
-        );
-        assert_eq!(
-            range.end_bound(),
-            Included(&UserKey::new(&[b'a', b'b', b'c', 9]))
-        );
+        assert_eq!(range.start_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 5])));
+        assert_eq!(range.end_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 9])));
     }
 
     #[test]
@@ -95,14 +89,8 @@ mod tests {
 
         let range = prefixed_range(prefix, min..max);
 
-        assert_eq!(
-            range.start_bound(),
-            Included(&UserKey::new(&[b'a', b'b', b'c', 5]))
-        );
-        assert_eq!(
-            range.end_bound(),
-            Excluded(&UserKey::new(&[b'a', b'b', b'c', 9]))
-        );
+        assert_eq!(range.start_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 5])));
+        assert_eq!(range.end_bound(), Excluded(&UserKey::new(&[b'a', b'b', b'c', 9])));
     }
 
     #[test]
@@ -112,10 +100,7 @@ mod tests {
 
         let range = prefixed_range(prefix, min..);
 
-        assert_eq!(
-            range.start_bound(),
-            Included(&UserKey::new(&[b'a', b'b', b'c', 5]))
-        );
+        assert_eq!(range.start_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 5])));
         assert_eq!(range.end_bound(), Excluded(&UserKey::new(b"abd")));
     }
 
@@ -127,10 +112,7 @@ mod tests {
         let range = prefixed_range(prefix, ..max);
 
         assert_eq!(range.start_bound(), Included(&UserKey::new(b"abc")));
-        assert_eq!(
-            range.end_bound(),
-            Excluded(&UserKey::new(&[b'a', b'b', b'c', 9]))
-        );
+        assert_eq!(range.end_bound(), Excluded(&UserKey::new(&[b'a', b'b', b'c', 9])));
     }
 
     #[test]
@@ -141,10 +123,7 @@ mod tests {
         let range = prefixed_range(prefix, ..=max);
 
         assert_eq!(range.start_bound(), Included(&UserKey::new(b"abc")));
-        assert_eq!(
-            range.end_bound(),
-            Included(&UserKey::new(&[b'a', b'b', b'c', u8::MAX]))
-        );
+        assert_eq!(range.end_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', u8::MAX])));
     }
 
     #[test]
@@ -155,10 +134,7 @@ mod tests {
         let range = prefixed_range(prefix, ..max);
 
         assert_eq!(range.start_bound(), Included(&UserKey::new(b"abc")));
-        assert_eq!(
-            range.end_bound(),
-            Excluded(&UserKey::new(&[b'a', b'b', b'c', u8::MAX]))
-        );
+        assert_eq!(range.end_bound(), Excluded(&UserKey::new(&[b'a', b'b', b'c', u8::MAX])));
     }
 
     #[test]

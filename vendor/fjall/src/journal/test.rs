@@ -240,9 +240,7 @@ fn journal_truncation_corrupt_bytes() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal
-            .get_writer()?
-            .write_batch(values.iter(), values.len(), 0)?;
+        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
     }
 
     {
@@ -300,9 +298,7 @@ fn journal_truncation_repeating_start_marker() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal
-            .get_writer()?
-            .write_batch(values.iter(), values.len(), 0)?;
+        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
     }
 
     {
@@ -368,9 +364,7 @@ fn journal_truncation_repeating_end_marker() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal
-            .get_writer()?
-            .write_batch(values.iter(), values.len(), 0)?;
+        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
     }
 
     {
@@ -428,9 +422,7 @@ fn journal_truncation_repeating_item_marker() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal
-            .get_writer()?
-            .write_batch(values.iter(), values.len(), 0)?;
+        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
     }
 
     {

@@ -3,9 +3,7 @@
 // (found in the LICENSE-* files in the repository)
 
 use super::{Choice, CompactionStrategy, Input as CompactionInput};
-use crate::{
-    compaction::state::CompactionState, config::Config, table::Table, version::Version, HashSet,
-};
+use crate::{compaction::state::CompactionState, config::Config, table::Table, version::Version, HashSet};
 
 /// Compacts all tables into the last level
 pub struct Strategy {
@@ -22,9 +20,7 @@ impl Strategy {
 
 impl Default for Strategy {
     fn default() -> Self {
-        Self {
-            target_size: u64::MAX,
-        }
+        Self { target_size: u64::MAX }
     }
 }
 

@@ -269,9 +269,7 @@ mod tests {
                 },
             });
 
-            let iter = data_block
-                .iter()
-                .map(|item| item.materialize(&data_block.inner.data));
+            let iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
             let real_items: Vec<_> = iter.collect();
 
@@ -311,10 +309,7 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(
-                items.iter().rev().cloned().collect::<Vec<_>>(),
-                &*real_items,
-            );
+            assert_eq!(items.iter().rev().cloned().collect::<Vec<_>>(), &*real_items,);
         }
 
         Ok(())
@@ -351,10 +346,7 @@ mod tests {
 
             let real_items: Vec<_> = iter.rev().collect();
 
-            assert_eq!(
-                items.iter().rev().skip(2).cloned().collect::<Vec<_>>(),
-                &*real_items,
-            );
+            assert_eq!(items.iter().rev().skip(2).cloned().collect::<Vec<_>>(), &*real_items,);
         }
 
         Ok(())
@@ -416,10 +408,7 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(
-                    items.iter().take(1).cloned().collect::<Vec<_>>(),
-                    &*real_items,
-                );
+                assert_eq!(items.iter().take(1).cloned().collect::<Vec<_>>(), &*real_items,);
             }
 
             {
@@ -431,10 +420,7 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(
-                    items.iter().rev().take(1).cloned().collect::<Vec<_>>(),
-                    &*real_items,
-                );
+                assert_eq!(items.iter().rev().take(1).cloned().collect::<Vec<_>>(), &*real_items,);
             }
         }
 
@@ -473,10 +459,7 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(
-                items.iter().skip(1).take(2).cloned().collect::<Vec<_>>(),
-                &*real_items,
-            );
+            assert_eq!(items.iter().skip(1).take(2).cloned().collect::<Vec<_>>(), &*real_items,);
         }
 
         Ok(())
@@ -513,10 +496,7 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(
-                items.iter().take(1).cloned().collect::<Vec<_>>(),
-                &*real_items,
-            );
+            assert_eq!(items.iter().take(1).cloned().collect::<Vec<_>>(), &*real_items,);
         }
 
         Ok(())
@@ -555,10 +535,7 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(
-                    items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(),
-                    &*real_items,
-                );
+                assert_eq!(items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(), &*real_items,);
             }
 
             {
@@ -571,10 +548,7 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(
-                    items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(),
-                    &*real_items,
-                );
+                assert_eq!(items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(), &*real_items,);
             }
 
             {
@@ -588,13 +562,7 @@ mod tests {
                 let real_items: Vec<_> = iter.rev().collect();
 
                 assert_eq!(
-                    items
-                        .iter()
-                        .rev()
-                        .skip(2)
-                        .take(1)
-                        .cloned()
-                        .collect::<Vec<_>>(),
+                    items.iter().rev().skip(2).take(1).cloned().collect::<Vec<_>>(),
                     &*real_items,
                 );
             }
@@ -610,13 +578,7 @@ mod tests {
                 let real_items: Vec<_> = iter.rev().collect();
 
                 assert_eq!(
-                    items
-                        .iter()
-                        .rev()
-                        .skip(2)
-                        .take(1)
-                        .cloned()
-                        .collect::<Vec<_>>(),
+                    items.iter().rev().skip(2).take(1).cloned().collect::<Vec<_>>(),
                     &*real_items,
                 );
             }
@@ -764,10 +726,7 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(
-                items.iter().skip(2).cloned().collect::<Vec<_>>(),
-                real_items,
-            );
+            assert_eq!(items.iter().skip(2).cloned().collect::<Vec<_>>(), real_items,);
         }
 
         Ok(())
@@ -804,10 +763,7 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(
-                items.iter().skip(4).cloned().collect::<Vec<_>>(),
-                real_items,
-            );
+            assert_eq!(items.iter().skip(4).cloned().collect::<Vec<_>>(), real_items,);
         }
 
         Ok(())
@@ -910,55 +866,24 @@ mod tests {
             assert!(data_block.hash_bucket_count().is_none());
 
             {
-                let mut iter = data_block
-                    .iter()
-                    .map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
-                assert_eq!(
-                    b"pla:earth:fact",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:fact",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:mass",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:name",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:radius",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
+                assert_eq!(b"pla:earth:fact", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:fact", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:mass", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:name", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:radius", &*iter.next().expect("should exist").key.user_key,);
                 assert!(iter.next_back().is_none());
                 assert!(iter.next().is_none());
             }
 
             {
-                let mut iter = data_block
-                    .iter()
-                    .map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
-                assert_eq!(
-                    b"pla:earth:fact",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:fact",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:mass",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
-                assert_eq!(
-                    b"pla:jupiter:name",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
+                assert_eq!(b"pla:earth:fact", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:fact", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:mass", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(b"pla:jupiter:name", &*iter.next().expect("should exist").key.user_key,);
                 assert_eq!(
                     b"pla:jupiter:radius",
                     &*iter.next_back().expect("should exist").key.user_key,
@@ -1019,10 +944,7 @@ mod tests {
                     b"pla:jupiter:name",
                     &*iter.next_back().expect("should exist").key.user_key,
                 );
-                assert_eq!(
-                    b"pla:jupiter:radius",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
+                assert_eq!(b"pla:jupiter:radius", &*iter.next().expect("should exist").key.user_key,);
                 assert!(iter.next().is_none());
                 assert!(iter.next_back().is_none());
             }
@@ -1049,10 +971,7 @@ mod tests {
                     b"pla:jupiter:name",
                     &*iter.next_back().expect("should exist").key.user_key,
                 );
-                assert_eq!(
-                    b"pla:jupiter:radius",
-                    &*iter.next().expect("should exist").key.user_key,
-                );
+                assert_eq!(b"pla:jupiter:radius", &*iter.next().expect("should exist").key.user_key,);
                 assert!(iter.next_back().is_none());
                 assert!(iter.next().is_none());
             }
@@ -1088,9 +1007,7 @@ mod tests {
             assert!(data_block.hash_bucket_count().is_none());
 
             {
-                let mut iter = data_block
-                    .iter()
-                    .map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"a", &*iter.next().expect("should exist").key.user_key);
                 assert_eq!(b"b", &*iter.next().expect("should exist").key.user_key);
@@ -1102,9 +1019,7 @@ mod tests {
             }
 
             {
-                let mut iter = data_block
-                    .iter()
-                    .map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"e", &*iter.next_back().expect("should exist").key.user_key);
                 assert_eq!(b"d", &*iter.next_back().expect("should exist").key.user_key);
@@ -1116,9 +1031,7 @@ mod tests {
             }
 
             {
-                let mut iter = data_block
-                    .iter()
-                    .map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"a", &*iter.next().expect("should exist").key.user_key);
                 assert_eq!(b"b", &*iter.next().expect("should exist").key.user_key);
@@ -1132,9 +1045,7 @@ mod tests {
             }
 
             {
-                let mut iter = data_block
-                    .iter()
-                    .map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"e", &*iter.next_back().expect("should exist").key.user_key);
                 assert_eq!(b"d", &*iter.next_back().expect("should exist").key.user_key);
@@ -1156,8 +1067,8 @@ mod tests {
         let items = [
             InternalValue::from_components(
                 Slice::from([
-                    255, 255, 255, 255, 5, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
-                    255, 255, 255, 255, 255,
+                    255, 255, 255, 255, 5, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
+                    255,
                 ]),
                 Slice::from([0, 0, 192]),
                 18_446_744_073_701_163_007,
@@ -1184,12 +1095,7 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(
-            data_block
-                .hash_bucket_count()
-                .expect("should have built hash index")
-                > 0,
-        );
+        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
 
         assert_eq!(data_block.iter().count(), items.len());
 
@@ -1199,12 +1105,7 @@ mod tests {
     #[test]
     fn data_block_iter_fuzz_4() -> crate::Result<()> {
         let items = [
-            InternalValue::from_components(
-                Slice::new(&[0]),
-                Slice::empty(),
-                3_834_029_160_418_063_669,
-                Value,
-            ),
+            InternalValue::from_components(Slice::new(&[0]), Slice::empty(), 3_834_029_160_418_063_669, Value),
             InternalValue::from_components(Slice::new(&[0]), Slice::new(&[]), 127, Tombstone),
             InternalValue::from_components(
                 Slice::new(&[53, 53, 53]),
@@ -1234,12 +1135,7 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(
-            data_block
-                .hash_bucket_count()
-                .expect("should have built hash index")
-                > 0,
-        );
+        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
 
         assert_eq!(data_block.iter().count(), items.len());
 

@@ -36,10 +36,7 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
         self
     }
 
-    fn set_filter_policy(
-        mut self: Box<Self>,
-        policy: BloomConstructionPolicy,
-    ) -> Box<dyn FilterWriter<W>> {
+    fn set_filter_policy(mut self: Box<Self>, policy: BloomConstructionPolicy) -> Box<dyn FilterWriter<W>> {
         self.bloom_policy = policy;
         self
     }
@@ -60,10 +57,7 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
 
             let n = self.bloom_hash_buffer.len();
 
-            log::trace!(
-                "Constructing Bloom filter with {n} entries: {:?}",
-                self.bloom_policy,
-            );
+            log::trace!("Constructing Bloom filter with {n} entries: {:?}", self.bloom_policy,);
 
             let start = std::time::Instant::now();
 
@@ -77,11 +71,7 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
                 builder.build()
             };
 
-            log::trace!(
-                "Built Bloom filter ({}B) in {:?}",
-                filter_bytes.len(),
-                start.elapsed(),
-            );
+            log::trace!("Built Bloom filter ({}B) in {:?}", filter_bytes.len(), start.elapsed(),);
 
             Block::write_into(
                 file_writer,
