@@ -159,7 +159,7 @@ fn main() {
     // Nice values (0: as the process); the shop's defaults otherwise. The background one is
     // process-wide: the first run's value holds for all runs.
     let nice = Nice {
-        committer: arg("--committer-nice", eventfold::log::embedded::DEFAULT_COMMITTER_NICE),
+        committer: arg("--committer-nice", eventfold::log::embedded::IN_PROCESS_COMMITTER_NICE),
         background: arg("--background-nice", eventfold::store::DEFAULT_BACKGROUND_NICE),
     };
     // As the shop binary does; `--huge-pages 1` keeps them, to compare.

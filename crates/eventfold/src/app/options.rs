@@ -5,13 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The default `--committer-nice`: 0, not the embedded log's
-/// [`eventfold_log::embedded::DEFAULT_COMMITTER_NICE`] (-10), which suits in-process load
-/// (commits queued behind busy cores). Over HTTP a committer raised above the request
-/// handling preempted it at every fsync completion and served fewer commands
-/// (bench/FINDINGS.md); at 0 it also needs no privilege.
-pub const SERVICE_COMMITTER_NICE: i32 = 0;
-
 /// The standard flags of a service (every flag also reads an `EVENTFOLD_*` environment
 /// variable).
 #[derive(Debug, Clone, clap::Args)]
@@ -72,7 +65,7 @@ pub struct ServeOptions {
     /// negative value suits loads whose commits queue behind busy cores. Raising it needs
     /// CAP_SYS_NICE (root) or `ulimit -e 30`; without either the service logs that and
     /// runs at normal priority.
-    #[arg(long, env = "EVENTFOLD_COMMITTER_NICE", default_value_t = SERVICE_COMMITTER_NICE, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    #[arg(long, env = "EVENTFOLD_COMMITTER_NICE", default_value_t = eventfold_log::embedded::DEFAULT_COMMITTER_NICE, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
     pub committer_nice: i32,
     /// Nice value of the store's background threads (flushes, compactions; Linux), so
     /// that they take a core only when request handling leaves one; 0 leaves them at the
