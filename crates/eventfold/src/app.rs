@@ -1,8 +1,9 @@
 //! A service's entry point: [`App`] owns the standard flags and their `EVENTFOLD_*`
 //! environment variables, the embedded or Kafka wiring, topic provisioning, the instance
 //! registry, the HTTP API, graceful shutdown and the `views rebuild` subcommand. A
-//! service registers its aggregates, views and process managers in [`App::setup`], and may
-//! add flags of its own (any `clap::Args` type) next to the standard ones.
+//! service registers its aggregates, views and process managers in the `setup` closure it
+//! gives [`App::new`], and may add flags of its own (any `clap::Args` type) next to the
+//! standard ones.
 //!
 //! ```no_run
 //! use eventfold::app::{App, NoFlags, Services};
