@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every check and test of eventfold: formatting, lints, then a real Apache Kafka
+# Runs every check and test of eventfold: formatting, lints, rustdoc, then a real Apache Kafka
 # broker that this script starts and stops itself, the Rust test suite against it (unit,
 # conformance of both log backends, HTTP contract, crash tests), the broker smoke test, and
 # the benchmark suite in smoke mode (with its Kafka Streams and cqrs-es/PostgreSQL peers).
@@ -21,6 +21,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo doc -D warnings (broken or private intra-doc links, invalid HTML in docs)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 step "an embedded-only service builds without librdkafka (cargo feature kafka off)"
 if cargo tree -p quickstart --no-default-features --edges normal --locked | grep -q rdkafka; then

@@ -1,11 +1,21 @@
 //! A given/when/then harness for aggregates, part of the public API so users test their
 //! domain rules without any runtime:
 //!
-//! ```ignore
-//! AggregateTest::<Order>::new()
-//!     .given([OrderEvent::OrderPlaced { .. }])
-//!     .when(OrderCommand::ConfirmOrder)
-//!     .then([OrderEvent::OrderConfirmed]);
+//! ```
+//! use eventfold_core::AggregateTest;
+//! // A counter that refuses to go above 100 (see its code in `testing`).
+//! use eventfold_core::testing::{Counter, CounterCommand, CounterEvent};
+//!
+//! AggregateTest::<Counter>::new()
+//!     .given([CounterEvent::Added { n: 60 }])
+//!     .when(CounterCommand::Add { n: 40 })
+//!     .then([CounterEvent::Added { n: 40 }])
+//!     .then_state(|c| assert_eq!(c.total, 100));
+//!
+//! AggregateTest::<Counter>::new()
+//!     .given([CounterEvent::Added { n: 60 }])
+//!     .when(CounterCommand::Add { n: 41 })
+//!     .then_rejected("limit_exceeded");
 //! ```
 
 use crate::aggregate::{Aggregate, Context, Reject};

@@ -4,6 +4,8 @@
 //! (the record envelope, header names, positions, outcomes, partitioning) lives here.
 //! **API boundary:** this crate does no I/O, spawns nothing and reads no clock.
 
+#![warn(missing_docs)]
+
 pub mod aggregate;
 pub mod codec;
 pub mod envelope;

@@ -1,10 +1,56 @@
 //! A given/when/then harness for process managers, part of the public API:
 //!
-//! ```ignore
-//! ProcessTest::<OrderFlow>::new()
-//!     .given::<Order>("o-1", [OrderEvent::OrderPlaced { .. }])
-//!     .when::<Order>("o-1", OrderEvent::OrderConfirmed)
-//!     .then([Expect::send::<Payment>("pay-o-1", PaymentCommand::AuthorizePayment { .. })]);
+//! ```
+//! use eventfold_core::testing::{Counter, CounterCommand, CounterEvent};
+//! use eventfold_core::{Actions, EventMeta, Expect, Input, ProcessContext, ProcessManager, ProcessTest, Subscription};
+//! use serde::{Deserialize, Serialize};
+//! use std::time::Duration;
+//!
+//! /// Mirrors what is added to counter `c` on counter `mirror-c`, and gives up on a
+//! /// counter quiet for a minute.
+//! #[derive(Default, Clone, Serialize, Deserialize)]
+//! struct Mirror {
+//!     refused: u32,
+//! }
+//!
+//! impl ProcessManager for Mirror {
+//!     const NAME: &'static str = "mirror";
+//!     type Event = CounterEvent;
+//!     type Config = ();
+//!     fn subscriptions(_: &()) -> Vec<Subscription<CounterEvent>> {
+//!         vec![Subscription::to::<Counter>(|e| e)]
+//!     }
+//!     fn correlate(_: &CounterEvent, meta: &EventMeta<'_>) -> Option<String> {
+//!         // Not the mirrors' own events: they would be mirrored forever.
+//!         (!meta.aggregate_id.starts_with("mirror-")).then(|| meta.aggregate_id.to_owned())
+//!     }
+//!     fn react(&mut self, input: Input<'_, CounterEvent>, ctx: &ProcessContext<'_, ()>, actions: &mut Actions) {
+//!         match input {
+//!             Input::Event { event: CounterEvent::Added { n }, .. } => {
+//!                 actions.send::<Counter>(format!("mirror-{}", ctx.key), CounterCommand::Add { n });
+//!                 actions.schedule_in(ctx, "quiet", Duration::from_secs(60));
+//!             }
+//!             Input::Outcome(o) if o.result.is_err() => self.refused += 1,
+//!             Input::Outcome(_) => {}
+//!             Input::Timer { .. } => actions.finish(),
+//!         }
+//!     }
+//! }
+//!
+//! ProcessTest::<Mirror>::new()
+//!     .at(1_000)
+//!     .when::<Counter>("c", CounterEvent::Added { n: 7 })
+//!     .then([
+//!         Expect::send::<Counter>("mirror-c", CounterCommand::Add { n: 7 }),
+//!         Expect::schedule("quiet", 61_000),
+//!     ])
+//!     .when::<Counter>("mirror-c", CounterEvent::Added { n: 7 })
+//!     .then_ignored()
+//!     .when_refused("counter", "mirror-c", "limit_exceeded")
+//!     .then_nothing()
+//!     .then_state("c", |s| assert_eq!(s.refused, 1))
+//!     .when_timer("c", "quiet")
+//!     .then([Expect::finish()]);
 //! ```
 //!
 //! Events go through the process manager's own [`Subscription`](crate::Subscription)

@@ -431,11 +431,35 @@ pub trait Projection: Default + Send + Sync + 'static {
 
 /// A given/when/then harness for projections:
 ///
-/// ```ignore
-/// ProjectionTest::<OrdersView>::new()
-///     .given("o-1", [OrderEvent::OrderPlaced { .. }])
-///     .when("o-1", OrderEvent::OrderConfirmed)
-///     .then_row("o-1", json!({ .. }));
+/// ```
+/// use eventfold_core::projection::{Event, Index, Projection, ProjectionTest, ViewChanges};
+/// use eventfold_core::testing::{Counter, CounterEvent};
+/// use serde_json::json;
+///
+/// /// `counters`: one row per counter, `{"total"}`, indexed by total.
+/// #[derive(Default)]
+/// struct Counters;
+///
+/// impl Projection for Counters {
+///     const VIEW: &'static str = "counters";
+///     type Source = Counter;
+///     fn indexes(&self) -> Vec<Index> {
+///         vec![Index::number("total")]
+///     }
+///     fn apply(&self, event: &Event<'_, CounterEvent>, view: &mut ViewChanges<'_>) {
+///         let CounterEvent::Added { n } = event.payload;
+///         let total = view.get(event.aggregate_id).map_or(0, |row| row["total"].as_u64().unwrap_or(0));
+///         view.upsert(event.aggregate_id, json!({ "total": total + n }));
+///     }
+/// }
+///
+/// ProjectionTest::<Counters>::new()
+///     .given("c-1", [CounterEvent::Added { n: 2 }])
+///     .given("c-2", [CounterEvent::Added { n: 5 }])
+///     .when("c-1", CounterEvent::Added { n: 3 })
+///     .then_row("c-1", json!({ "total": 5 }))
+///     .then_index("total", "5", &["c-1", "c-2"])
+///     .then_no_errors();
 /// ```
 ///
 /// Events of each aggregate id get versions 1, 2, ...; timestamps start at

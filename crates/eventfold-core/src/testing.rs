@@ -17,10 +17,16 @@ pub struct Counter {
 #[serde(tag = "type")]
 pub enum CounterCommand {
     /// Adds `n` (rejected above a total of 100).
-    Add { n: u64 },
+    Add {
+        /// The amount to add.
+        n: u64,
+    },
     /// Blocks its partition for `ms` and writes nothing: lets tests fill queues and
     /// exceed timeouts. (The one impure command, on purpose.)
-    Slow { ms: u64 },
+    Slow {
+        /// Milliseconds to block.
+        ms: u64,
+    },
 }
 
 /// Events of [`Counter`].
@@ -28,7 +34,10 @@ pub enum CounterCommand {
 #[serde(tag = "type")]
 pub enum CounterEvent {
     /// `n` was added.
-    Added { n: u64 },
+    Added {
+        /// The amount added.
+        n: u64,
+    },
 }
 
 /// The counter would exceed its limit.

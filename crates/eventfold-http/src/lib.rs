@@ -3,6 +3,8 @@
 //! Every error leaves through [`ApiError`], so every error body is
 //! `{"error": <stable code>, "message": <sentence>}`.
 
+#![warn(missing_docs)]
+
 mod app;
 pub mod cluster;
 mod error;

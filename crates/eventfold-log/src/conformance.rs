@@ -1,7 +1,37 @@
 //! The conformance suite of the [`Log`] trait. Every backend runs all of it:
 //!
-//! ```ignore
-//! eventfold_log::conformance::run_all(&factory, "prefix").await;
+//! ```
+//! use async_trait::async_trait;
+//! use eventfold_log::Log;
+//! use eventfold_log::conformance::{Factory, run_all};
+//! use eventfold_log::embedded::{EmbeddedLog, Options};
+//! use eventfold_store::{Store, StoreOptions};
+//! use std::sync::{Arc, Mutex};
+//!
+//! /// The embedded log over one directory. A store is locked by one handle at a time, so
+//! /// the open log is handed out again rather than opened twice.
+//! struct Embedded {
+//!     dir: tempfile::TempDir,
+//!     open: Mutex<Option<Arc<dyn Log>>>,
+//! }
+//!
+//! #[async_trait]
+//! impl Factory for Embedded {
+//!     async fn open(&self) -> Arc<dyn Log> {
+//!         let mut open = self.open.lock().unwrap();
+//!         open.get_or_insert_with(|| {
+//!             let store = Store::open(self.dir.path(), &StoreOptions::default()).unwrap();
+//!             Arc::new(EmbeddedLog::open(store, Options { partitions: 2, ..Options::default() }).unwrap())
+//!         })
+//!         .clone()
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() {
+//! let factory = Embedded { dir: tempfile::tempdir().unwrap(), open: Mutex::new(None) };
+//! run_all(&factory, "conf").await;
+//! # }
 //! ```
 //!
 //! `factory.open()` must return a log over the **same** underlying storage each time it

@@ -12,6 +12,8 @@
 //! **API boundary:** only this crate talks to log backends (fjall's log table here,
 //! rdkafka in Kafka mode); the runtime sees the trait.
 
+#![warn(missing_docs)]
+
 pub mod conformance;
 pub mod embedded;
 /// The Kafka backend: one Kafka transaction per group of commit units.
@@ -33,12 +35,20 @@ pub enum Error {
     Store(#[from] eventfold_store::Error),
     /// The unit is larger than the backend accepts.
     #[error("commit unit of {bytes} bytes exceeds the limit of {limit} bytes")]
-    TooLarge { bytes: usize, limit: usize },
+    TooLarge {
+        /// The unit's size in bytes.
+        bytes: usize,
+        /// The backend's limit in bytes.
+        limit: usize,
+    },
     /// A partition outside `0..partitions`.
     #[error("partition {partition} of topic `{topic}` does not exist (the log has {partitions} partitions)")]
     NoSuchPartition {
+        /// The topic.
         topic: String,
+        /// The partition asked for.
         partition: u32,
+        /// The topic's partition count.
         partitions: u32,
     },
     /// The configuration does not fit the stored data.

@@ -17,28 +17,44 @@ pub enum Error {
     BadRequest(String),
     /// `If-Match` named another version than the current one (412).
     #[error("version mismatch: expected version {expected}, but aggregate is at version {actual}")]
-    VersionMismatch { expected: u64, actual: u64 },
+    VersionMismatch {
+        /// The version `If-Match` named.
+        expected: u64,
+        /// The aggregate's current version.
+        actual: u64,
+    },
     /// The partition is restoring and its wait queue is full (503).
     #[error("partition {partition} of `{aggregate}` is restoring ({progress_pct:.0}% done); retry shortly")]
     Restoring {
+        /// The aggregate type.
         aggregate: String,
+        /// The partition.
         partition: u32,
+        /// How far the restore is, 0 to 100.
         progress_pct: f64,
+        /// The `Retry-After` to answer with.
         retry_after: Duration,
     },
     /// The partition's queue is full (503).
     #[error("partition {partition} of `{aggregate}` is overloaded ({queued} commands queued); retry shortly")]
     Overloaded {
+        /// The aggregate type.
         aggregate: String,
+        /// The partition.
         partition: u32,
+        /// Commands in the partition's queue.
         queued: usize,
+        /// The `Retry-After` to answer with.
         retry_after: Duration,
     },
     /// The partition stopped after a fatal error, e.g. a corrupt stored record (500).
     #[error("partition {partition} of `{aggregate}` has stopped: {reason}")]
     PartitionFailed {
+        /// The aggregate type.
         aggregate: String,
+        /// The partition.
         partition: u32,
+        /// The fatal error, as text.
         reason: String,
     },
     /// No outcome in time; retrying with the same idempotency key is safe (504).
@@ -52,7 +68,12 @@ pub enum Error {
     Log(#[from] eventfold_log::Error),
     /// Another instance owns the partition and it could not be reached (503).
     #[error("partition {partition} of `{aggregate}` is owned by another instance; retry shortly")]
-    NotOwner { aggregate: String, partition: u32 },
+    NotOwner {
+        /// The aggregate type.
+        aggregate: String,
+        /// The partition.
+        partition: u32,
+    },
     /// The log cannot take the command now, e.g. the Kafka broker does not answer (503).
     #[error("cannot hand the command to its partition's owner: {0}; retry shortly")]
     Unavailable(String),
@@ -69,16 +90,23 @@ pub enum Error {
     /// it got.
     #[error("view `{view}` did not reach the requested position within {waited:?}{}", if failures.is_empty() { String::new() } else { format!(" (stopped: {})", failures.join("; ")) })]
     ViewBehind {
+        /// The view's name.
         view: String,
+        /// How long the read waited.
         waited: Duration,
+        /// The position token the view had reached.
         position: String,
+        /// The view partitions that stopped, `partition <p>: <reason>` each.
         failures: Vec<String>,
     },
     /// A view partition could not apply its source (500); the view stops there.
     #[error("view `{view}` partition {partition} stopped: {reason}")]
     ViewFailed {
+        /// The view's name.
         view: String,
+        /// The source partition.
         partition: u32,
+        /// The error, as text.
         reason: String,
     },
 }

@@ -11,6 +11,8 @@
 //! Registered views ([`RuntimeBuilder::view`]) run one projection task per source
 //! partition (see [`view`]) and answer queries through [`ViewService`].
 
+#![warn(missing_docs)]
+
 mod changelog;
 pub mod clock;
 pub mod cluster;

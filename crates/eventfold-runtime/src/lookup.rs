@@ -3,7 +3,7 @@
 //! (see [`eventfold_core::Join`]).
 //!
 //! Owns nothing: it resolves a table name to the view serving it now (through
-//! [`LookupTable`], which the view implements, so this module does not depend on it).
+//! `LookupTable`, which the view implements, so this module does not depend on it).
 //! Set once every view of the runtime exists (joins may name views registered after them).
 
 use crate::error::Result;

@@ -8,6 +8,8 @@
 //! *Invariant:* every stored value is framed with a CRC32 written before the write and
 //! checked after every read; a mismatch is [`Error::Corrupt`], naming table and key.
 
+#![warn(missing_docs)]
+
 mod codec;
 pub mod priority;
 pub mod process;
@@ -30,8 +32,12 @@ pub enum Error {
     /// A stored value failed its checksum or could not be decoded.
     #[error("corrupt record in table `{table}` at key {key}: {reason}")]
     Corrupt {
+        /// The table's name.
         table: &'static str,
+        /// The key, other bytes than printable ASCII written `\xNN`; a log record's as
+        /// `topic/partition@offset`.
         key: String,
+        /// What failed (checksum, framing or decoding).
         reason: String,
     },
     /// A key component is outside what the store accepts.

@@ -1,9 +1,12 @@
 //! A service's entry point: [`App`] owns the standard flags and their `EVENTFOLD_*`
 //! environment variables, the embedded or Kafka wiring, topic provisioning, the instance
 //! registry, the HTTP API, graceful shutdown and the `views rebuild` subcommand. A
-//! service registers its aggregates, views and process managers in [`App::setup`], and may
-//! add flags of its own (any `clap::Args` type) next to the standard ones.
+//! service registers its aggregates, views and process managers in the `setup` closure it
+//! gives [`App::new`], and may add flags of its own (any `clap::Args` type) next to the
+//! standard ones.
 //!
+// no_run: `App::run` serves HTTP until SIGTERM or Ctrl-C, so this example is only
+// compiled; the example of `App::start` runs the same wiring without serving.
 //! ```no_run
 //! use eventfold::app::{App, NoFlags, Services};
 //! use eventfold::{Aggregate, Context, Reject};
@@ -286,7 +289,43 @@ impl<F: Args + Send + Sync + 'static> App<F> {
     }
 
     /// Opens the store and the log, provisions the topics and starts the runtime and the
-    /// HTTP router (inside a tokio runtime), without serving.
+    /// HTTP router (inside a multi-threaded tokio runtime), without serving: for running
+    /// a service in-process, e.g. in its tests.
+    ///
+    /// ```
+    /// use clap::Parser;
+    /// use eventfold::app::{App, NoFlags, ServeOptions, Services};
+    /// use eventfold::core::Outcome;
+    /// use eventfold::core::testing::Counter;
+    /// use eventfold::runtime::CommandRequest;
+    ///
+    /// /// The standard flags alone, parsed from a list rather than the command line.
+    /// #[derive(Parser)]
+    /// struct Cli {
+    ///     #[command(flatten)]
+    ///     serve: ServeOptions,
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+    /// # async fn main() -> anyhow::Result<()> {
+    /// let dir = std::env::temp_dir().join(format!("eventfold-doc-app-start-{}", std::process::id()));
+    /// let opts = Cli::try_parse_from(["counter", "--data-dir", dir.to_str().unwrap()])?.serve;
+    /// let app = App::new("counter", |_: &NoFlags, s: &mut Services| {
+    ///     s.aggregate::<Counter>(());
+    /// });
+    /// let running = app.start(&opts, &NoFlags {})?;
+    /// let request = CommandRequest {
+    ///     aggregate_id: "c-1".into(),
+    ///     body: br#"{"type": "Add", "n": 2}"#.to_vec(),
+    ///     ..Default::default()
+    /// };
+    /// let outcome = running.runtime.aggregate("counter")?.submit(request).await?;
+    /// assert!(matches!(outcome, Outcome::Accepted(a) if a.version == 1));
+    /// # drop(running);
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn start(&self, opts: &ServeOptions, flags: &F) -> anyhow::Result<Running> {
         opts.check()?;
         let dir = opts.data_dir();

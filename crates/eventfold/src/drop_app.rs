@@ -33,6 +33,7 @@ pub struct DropOptions {
 /// What was found (and, with `yes`, deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DropSummary {
+    /// The app id (topic prefix) dropped.
     pub app: String,
     /// The app's topics, sorted.
     pub topics: Vec<String>,
@@ -45,6 +46,7 @@ pub struct DropSummary {
 }
 
 impl DropSummary {
+    /// `{app, topics, group, groups, deleted}`, as `drop-app --json` prints it.
     pub fn to_json(&self) -> Value {
         json!({ "app": self.app, "topics": self.topics, "group": self.group, "groups": self.groups, "deleted": self.deleted })
     }

@@ -4,6 +4,8 @@
 //! point (standard flags, embedded or Kafka wiring, HTTP, shutdown, `views rebuild`); the
 //! `eventfold` binary is the ops CLI (load generator, ...).
 
+#![warn(missing_docs)]
+
 pub mod app;
 #[cfg(feature = "kafka")]
 pub mod drop_app;

@@ -127,8 +127,11 @@ impl TopicLoadOptions {
 /// What one run measured.
 #[derive(Debug, Clone)]
 pub struct TopicSummary {
+    /// The topic the commands went to, `<app>.<type>.commands`.
     pub commands_topic: String,
+    /// The topic the results were read from, `<app>.<type>.results`.
     pub results_topic: String,
+    /// This run's id, 8 hex digits: command ids are `{run_id}-{n}`.
     pub run_id: String,
     /// Commands produced, the warm-up's included.
     pub sent: u64,
@@ -146,7 +149,10 @@ pub struct TopicSummary {
     pub duplicates: u64,
     /// End of the warm-up (the first send without one) to the last measured result.
     pub elapsed: Duration,
+    /// Commands per second asked for ([`TopicLoadOptions::rate`]); `None`: closed loop.
     pub target_rate: Option<f64>,
+    /// Command produced (its scheduled instant with a rate) to its result read, measured
+    /// commands.
     pub latency_ms: Latency,
 }
 
@@ -179,6 +185,7 @@ impl TopicSummary {
         Ok(())
     }
 
+    /// The summary as `load-topic --json` prints it.
     pub fn to_json(&self) -> Value {
         json!({
             "commands_topic": self.commands_topic,

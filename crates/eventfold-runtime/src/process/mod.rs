@@ -1,20 +1,20 @@
 //! Process managers: services that react to events (DESIGN §7).
 //!
-//! One worker task per registered process manager ([`worker`]) reads the events of its
+//! One worker task per registered process manager (`worker`) reads the events of its
 //! subscribed aggregate types from every partition, its due timers, and the outcomes of
-//! the commands it sent; [`decide`] turns a batch of them into a plan, which the worker
+//! the commands it sent; `decide` turns a batch of them into a plan, which the worker
 //! commits as **one unit**: states, timers, outbox entries (the commands), the consumed
 //! positions and the answered outbox entries. Only then are the new commands handed to
-//! their targets ([`outbox`]), each with a deterministic command id as its idempotency
+//! their targets (`outbox`), each with a deterministic command id as its idempotency
 //! key, so a command handed over again after a crash is deduplicated by its target.
 //!
 //! Owns: the `process` table rows of its process manager and its meta checkpoints
 //! (`pm/<name>/<topic>/<partition>`). Does not touch: aggregates' state or dedup records
 //! (commands go through [`AggregateService::submit`](crate::service::AggregateService),
-//! like any client's, or in Kafka mode to another app's commands topic: [`targets`]).
+//! like any client's, or in Kafka mode to another app's commands topic: `targets`).
 //!
 //! In Kafka mode one instance at a time runs a process manager (the member of its consumer
-//! group assigned the changelog's partition 0, see [`owner`]); its rows are also written
+//! group assigned the changelog's partition 0, see `owner`); its rows are also written
 //! to the changelog topic `<app>.<name>.state` in the same transaction, and the instance
 //! that takes it over restores them from there.
 

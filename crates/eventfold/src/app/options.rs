@@ -12,8 +12,8 @@ pub struct ServeOptions {
     /// Address to serve HTTP on.
     #[arg(long, env = "EVENTFOLD_HTTP", default_value = "127.0.0.1:8080")]
     pub http: SocketAddr,
-    /// Directory of the embedded store [default: $XDG_DATA_HOME/eventfold/<app-id>, else
-    /// ~/.local/share/eventfold/<app-id>].
+    /// Directory of the embedded store; by default `$XDG_DATA_HOME/eventfold/<app-id>`, or
+    /// `~/.local/share/eventfold/<app-id>` when `XDG_DATA_HOME` is not set.
     #[arg(long, env = "EVENTFOLD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Kafka bootstrap servers; absent: the embedded log. In Kafka mode the events, states

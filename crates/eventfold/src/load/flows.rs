@@ -202,8 +202,11 @@ pub struct FlowSummary {
     pub start_lag_ms: Option<Latency>,
     /// Connections opened (each worker's first, and after an error), warm-up included.
     pub connects: u64,
+    /// [`FlowOptions::poll_interval`] of the run.
     pub poll_interval: Duration,
+    /// [`FlowOptions::flow_timeout`] of the run.
     pub flow_timeout: Duration,
+    /// Threshold used by [`FlowSummary::check`].
     pub max_error_rate: f64,
     /// The run was stopped by the shutdown signal before reaching its limit.
     pub interrupted: bool,

@@ -179,9 +179,15 @@ pub enum Ids {
     /// A new id per request, `{prefix}{run_id}-{n}`, unique across runs.
     Fresh,
     /// `{prefix}{k}` with `k` uniform in `0..count`.
-    Random { count: u64 },
+    Random {
+        /// How many ids: `k` is in `0..count`.
+        count: u64,
+    },
     /// `{prefix}{k}` with `k = n % count`.
-    Sequential { count: u64 },
+    Sequential {
+        /// How many ids before they repeat.
+        count: u64,
+    },
 }
 
 /// Built-in workloads.
@@ -192,6 +198,7 @@ pub enum Preset {
 }
 
 impl Preset {
+    /// The body of [`Preset::ShopOrders`]: one item of 1.00 for customer `c{worker}`.
     pub const SHOP_ORDERS_BODY: &str =
         r#"{"type":"PlaceOrder","customer_id":"c{worker}","items":[{"sku":"sku-1","qty":1,"price_cents":100}]}"#;
 
@@ -331,10 +338,11 @@ pub struct Summary {
     /// generator was behind (every worker busy, or no core for it), not the service.
     pub start_lag_ms: Option<Latency>,
     /// Requests, warm-up included, that opened a connection (each worker's first, and any
-    /// after a failure or a `Connection: close`), and how long opening took them (TCP
-    /// connect and HTTP/1.1 handshake; `None` when none did). Without a warm-up, the
-    /// workers' first requests are measured and pay for it.
+    /// after a failure or a `Connection: close`). Without a warm-up, the workers' first
+    /// requests are measured and pay for it.
     pub connects: u64,
+    /// How long opening a connection took those requests (TCP connect and HTTP/1.1
+    /// handshake); `None` when none did.
     pub connect_ms: Option<Latency>,
     /// Threshold used by [`Summary::check`].
     pub max_error_rate: f64,
@@ -347,11 +355,17 @@ pub struct Summary {
 /// Latency percentiles in milliseconds (microsecond resolution).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Latency {
+    /// Median.
     pub p50: f64,
+    /// 90th percentile.
     pub p90: f64,
+    /// 99th percentile.
     pub p99: f64,
+    /// 99.9th percentile.
     pub p99_9: f64,
+    /// Largest.
     pub max: f64,
+    /// Mean.
     pub mean: f64,
 }
 
@@ -397,6 +411,7 @@ impl Summary {
         self.status.get(&status).copied().unwrap_or(0)
     }
 
+    /// Requests with a success status (see [`is_success`]).
     pub fn succeeded(&self) -> u64 {
         self.status
             .iter()

@@ -43,8 +43,11 @@ const LATENCY_SPAN: &str = "OrderConfirmed read on the events topic (committed i
 /// What one flows run measured.
 #[derive(Debug, Clone)]
 pub struct FlowTopicSummary {
+    /// The topic the commands went to, `<app>.order.commands`.
     pub commands_topic: String,
+    /// The topic the flows were timed on, `<app>.order.events`.
     pub events_topic: String,
+    /// This run's id, 8 hex digits: command ids are `{run_id}-{n}-{step}`.
     pub run_id: String,
     /// Flows started (two commands each), the warm-up's included.
     pub flows: u64,
@@ -58,9 +61,11 @@ pub struct FlowTopicSummary {
     pub missing: u64,
     /// End of the warm-up to the last measured flow shipped.
     pub elapsed: Duration,
+    /// Flows per second asked for; `None`: closed loop.
     pub target_rate: Option<f64>,
     /// The closed loop's window (`None` with a rate).
     pub in_flight: Option<usize>,
+    /// `OrderConfirmed` read to `OrderShipped` read, measured flows that completed.
     pub latency_ms: Latency,
 }
 
@@ -114,6 +119,7 @@ impl FlowTopicSummary {
         Ok(())
     }
 
+    /// The summary as `load-topic --workload flows --json` prints it.
     pub fn to_json(&self) -> Value {
         json!({
             "workload": "flows",
