@@ -43,6 +43,15 @@ pub enum Error {
     /// A key component is outside what the store accepts.
     #[error("invalid key: {0}")]
     InvalidKey(String),
+    /// Another process has the store open (one process at a time).
+    #[error(
+        "the store in {} is in use by another process (a service already running with this data directory? stop it, or give this one another --data-dir)",
+        path.display()
+    )]
+    Locked {
+        /// The store's directory.
+        path: std::path::PathBuf,
+    },
 }
 
 /// Result alias of eventfold-store.

@@ -655,7 +655,11 @@ impl Store {
             .with_compaction_filter_factories(Arc::new(move |keyspace| {
                 (keyspace == Table::Dedup.name()).then(|| factory.clone())
             }))
-            .open()?;
+            .open()
+            .map_err(|e| match e {
+                fjall::Error::Locked => Error::Locked { path: path.to_owned() },
+                e => e.into(),
+            })?;
         // Stores written before dedup records expired by compaction kept an expiry index
         // (one entry per record, deleted by a sweep): nothing reads it any more.
         if db.keyspace_exists(OLD_DEDUP_EXPIRY) {

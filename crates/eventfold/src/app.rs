@@ -240,8 +240,8 @@ impl<F: Args + Send + Sync + 'static> App<F> {
     /// flushes the store.
     pub async fn serve(&self, opts: ServeOptions, flags: F) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
-        let listener =
-            eventfold_http::bind(opts.http).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.http))?;
+        let listener = eventfold_http::bind(opts.http)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}{}", opts.http, bind_hint(&e)))?;
         let addr = listener.local_addr()?;
         // Other instances forward reads to the address really bound (--http may say port 0).
         let mut opts = opts;
@@ -548,5 +548,17 @@ impl ServeOptions {
             restore_bulk_min_records: self.bulk_min_records,
             ..Default::default()
         }
+    }
+}
+
+/// The likely cause of a failed bind, for the start-up error.
+fn bind_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            " (another process listens there, perhaps another instance of this service: stop it, or give this one another --http)"
+        }
+        std::io::ErrorKind::AddrNotAvailable => " (the address is not one of this machine's)",
+        std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privilege)",
+        _ => "",
     }
 }
