@@ -13,7 +13,7 @@ mod views;
 
 pub use axum::Router;
 pub use error::ApiError;
-pub use routes::{HttpOptions, router};
+pub use routes::{HttpOptions, ROUTES, router};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use eventfold_core::partition::partition_for;
 use eventfold_core::{Outcome, Position};
 use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, ProcessState, Runtime, ViewState};
@@ -27,6 +27,22 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 
+/// Every route of the API as (method, path). The router is built from this table alone
+/// (`handler` gives each entry its handler), so the table is the one list of the API's
+/// routes a document or a test can be checked against.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/aggregates/{type}/{id}/commands"),
+    ("GET", "/v1/aggregates/{type}/{id}"),
+    ("GET", "/v1/aggregates/{type}/{id}/events"),
+    ("GET", "/v1/views/{view}"),
+    ("GET", "/v1/views/{view}/{key}"),
+    ("GET", "/v1/process-managers/{name}/{key}"),
+    ("GET", "/v1/cluster"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
+
 /// The API router over `runtime`.
 pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
     let limit = options.max_body_bytes;
@@ -39,24 +55,35 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
         options: Arc::new(options),
         forwarder,
     };
-    let reads = Router::new()
-        .route("/v1/aggregates/{type}/{id}", get(get_state))
-        .route("/v1/aggregates/{type}/{id}/events", get(get_events))
-        .route_layer(axum::middleware::from_fn_with_state(app.clone(), to_owner));
-    Router::new()
-        .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
-        .merge(reads)
-        .route("/v1/views/{view}", get(crate::views::query))
-        .route("/v1/views/{view}/{key}", get(crate::views::get_row))
-        .route("/v1/process-managers/{name}/{key}", get(crate::process::get_state))
-        .route("/v1/cluster", get(cluster))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    let mut router = Router::new();
+    for &(method, path) in ROUTES {
+        router = router.route(path, handler(&app, method, path));
+    }
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
+}
+
+/// The handler of one entry of [`ROUTES`].
+fn handler(app: &App, method: &str, path: &str) -> MethodRouter<App> {
+    // Reads of one aggregate go to the instance owning its partition (`layer`, as
+    // `Router::route_layer` does to each route).
+    let to_owner = || axum::middleware::from_fn_with_state(app.clone(), to_owner);
+    match (method, path) {
+        ("POST", "/v1/aggregates/{type}/{id}/commands") => post(post_command),
+        ("GET", "/v1/aggregates/{type}/{id}") => get(get_state).layer(to_owner()),
+        ("GET", "/v1/aggregates/{type}/{id}/events") => get(get_events).layer(to_owner()),
+        ("GET", "/v1/views/{view}") => get(crate::views::query),
+        ("GET", "/v1/views/{view}/{key}") => get(crate::views::get_row),
+        ("GET", "/v1/process-managers/{name}/{key}") => get(crate::process::get_state),
+        ("GET", "/v1/cluster") => get(cluster),
+        ("GET", "/healthz") => get(healthz),
+        ("GET", "/readyz") => get(readyz),
+        ("GET", "/metrics") => get(metrics),
+        _ => unreachable!("route {method} {path} of ROUTES has no handler"),
+    }
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
