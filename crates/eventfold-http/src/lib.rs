@@ -7,6 +7,7 @@ mod app;
 pub mod cluster;
 mod error;
 pub mod forward;
+pub mod openapi;
 mod process;
 mod routes;
 mod views;

@@ -28,8 +28,9 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 /// Every route of the API as (method, path). The router is built from this table alone
-/// (`handler` gives each entry its handler), so the table is the one list of the API's
-/// routes a document or a test can be checked against.
+/// (`handler` gives each entry its handler) and the OpenAPI document (`GET /openapi.json`)
+/// from it too, so a route cannot exist without being documented; `tests/openapi.rs`
+/// checks the document against the running router and the sources.
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/aggregates/{type}/{id}/commands"),
     ("GET", "/v1/aggregates/{type}/{id}"),
@@ -41,6 +42,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
 ];
 
 /// The API router over `runtime`.
@@ -82,6 +84,20 @@ fn handler(app: &App, method: &str, path: &str) -> MethodRouter<App> {
         ("GET", "/healthz") => get(healthz),
         ("GET", "/readyz") => get(readyz),
         ("GET", "/metrics") => get(metrics),
+        ("GET", "/openapi.json") => {
+            // The registered types, views and process managers are fixed once the
+            // runtime is built: render the document once.
+            let doc = Bytes::from(crate::openapi::document(&app.runtime, &app.options).to_string());
+            get(move || {
+                let doc = doc.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                        doc,
+                    )
+                }
+            })
+        }
         _ => unreachable!("route {method} {path} of ROUTES has no handler"),
     }
 }

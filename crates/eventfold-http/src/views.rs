@@ -239,7 +239,7 @@ fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiEr
     Ok(p)
 }
 
-fn kind_name(kind: IndexKind) -> &'static str {
+pub(crate) fn kind_name(kind: IndexKind) -> &'static str {
     match kind {
         IndexKind::String => "string",
         IndexKind::Number => "number",
