@@ -122,7 +122,10 @@ impl Ctx<'_> {
                         },
                     }),
                     &[
-                        (400, &["malformed_command", "unknown_command_type", "invalid_if_match", "invalid_position", "bad_request"]),
+                        (400, &[
+                            "malformed_command", "unknown_command_type", "invalid_if_match", "invalid_position",
+                            "bad_request", "invalid_path",
+                        ]),
                         (404, &["unknown_aggregate_type"]),
                         (412, &["version_mismatch"]),
                         (413, &["payload_too_large"]),
@@ -152,7 +155,7 @@ impl Ctx<'_> {
                         },
                     }),
                     &[
-                        (400, &["bad_request"]),
+                        (400, &["bad_request", "invalid_path"]),
                         (404, &["unknown_aggregate_type", "aggregate_not_found"]),
                         (500, STORE_FAILURES),
                         (502, &["bad_gateway"]),
@@ -200,7 +203,7 @@ impl Ctx<'_> {
                         },
                     }}),
                     &[
-                        (400, &["bad_request", "invalid_query"]),
+                        (400, &["bad_request", "invalid_query", "invalid_path"]),
                         (404, &["unknown_aggregate_type"]),
                         (500, STORE_FAILURES),
                         (502, &["bad_gateway"]),
@@ -250,7 +253,7 @@ impl Ctx<'_> {
                         (400, &[
                             "unknown_index", "invalid_value", "invalid_limit", "invalid_order", "invalid_cursor",
                             "invalid_position", "conflicting_parameters", "unsupported_condition", "invalid_query",
-                            "invalid_partitions", "bad_request",
+                            "invalid_partitions", "bad_request", "invalid_path",
                         ]),
                         (404, &["unknown_view"]),
                         (500, &["view_failed", "storage_error", "corrupt_record", "internal"]),
@@ -273,7 +276,7 @@ impl Ctx<'_> {
                 "responses": responses(
                     json!({"200": ok("The row: `value` is its document.", "Row")}),
                     &[
-                        (400, &["unknown_parameter", "invalid_position", "invalid_query", "bad_request"]),
+                        (400, &["unknown_parameter", "invalid_position", "invalid_query", "bad_request", "invalid_path"]),
                         (404, &["unknown_view", "row_not_found"]),
                         (500, &["view_failed", "storage_error", "corrupt_record", "internal"]),
                         (502, &["bad_gateway"]),
@@ -298,7 +301,7 @@ impl Ctx<'_> {
                 "responses": responses(
                     json!({"200": ok("Its state and pending timers.", "ProcessState")}),
                     &[
-                        (400, &["bad_request"]),
+                        (400, &["bad_request", "invalid_path"]),
                         (404, &["unknown_process_manager", "not_found"]),
                         (500, STORE_FAILURES),
                     ],

@@ -1,7 +1,7 @@
 //! Routes and handlers of the HTTP API.
 
 pub use crate::app::HttpOptions;
-use crate::app::{App, owner_unavailable};
+use crate::app::{ApiPath, App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::Forwarder;
 use axum::Router;
@@ -187,7 +187,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 
 async fn post_command(
     State(app): State<App>,
-    Path((ty, id)): Path<(String, String)>,
+    ApiPath((ty, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -247,7 +247,7 @@ async fn post_command(
 
 async fn get_state(
     State(app): State<App>,
-    Path((ty, id)): Path<(String, String)>,
+    ApiPath((ty, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let svc = service(&app, &ty)?;
@@ -273,7 +273,7 @@ struct EventsQuery {
 
 async fn get_events(
     State(app): State<App>,
-    Path((ty, id)): Path<(String, String)>,
+    ApiPath((ty, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {

@@ -727,9 +727,23 @@ async fn real_answers_have_their_status_headers_and_codes_in_the_document() {
         "/metrics",
         "/openapi.json",
         "/nope",
+        // Path segments that are not UTF-8: JSON errors too.
+        "/v1/aggregates/counter/%FF",
+        "/v1/aggregates/counter/%FF/events",
+        "/v1/views/%FF",
+        "/v1/views/totals/%FF",
+        "/v1/process-managers/tally/%FF",
     ] {
         answers.push(s.get(q).await);
     }
+    let bad = s
+        .call("POST", "/v1/aggregates/counter/%FF/commands", &[], Some(add))
+        .await;
+    assert_eq!(
+        (bad.status, &bad.body["error"]),
+        (StatusCode::BAD_REQUEST, &json!("invalid_path"))
+    );
+    answers.push(bad);
     // The process manager reacts in the background.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let pm = loop {
