@@ -11,7 +11,7 @@
 //! come back; `Error`'s own `enum` is the union of them all.
 
 use crate::app::HttpOptions;
-use crate::routes::ROUTES;
+use crate::route_table::ROUTES;
 use eventfold_runtime::Runtime;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;

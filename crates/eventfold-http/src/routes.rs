@@ -4,6 +4,7 @@ pub use crate::app::HttpOptions;
 use crate::app::{ApiPath, App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::Forwarder;
+use crate::route_table::ROUTES;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -26,24 +27,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
-
-/// Every route of the API as (method, path). The router is built from this table alone
-/// (`handler` gives each entry its handler) and the OpenAPI document (`GET /openapi.json`)
-/// from it too, so a route cannot exist without being documented; `tests/openapi.rs`
-/// checks the document against the running router and the sources.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("POST", "/v1/aggregates/{type}/{id}/commands"),
-    ("GET", "/v1/aggregates/{type}/{id}"),
-    ("GET", "/v1/aggregates/{type}/{id}/events"),
-    ("GET", "/v1/views/{view}"),
-    ("GET", "/v1/views/{view}/{key}"),
-    ("GET", "/v1/process-managers/{name}/{key}"),
-    ("GET", "/v1/cluster"),
-    ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
-    ("GET", "/openapi.json"),
-];
 
 /// The API router over `runtime`.
 pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
