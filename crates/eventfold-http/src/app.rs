@@ -4,8 +4,11 @@
 
 use crate::error::ApiError;
 use crate::forward::Forwarder;
+use axum::extract::{FromRequestParts, Path};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use eventfold_runtime::{Registry, Runtime};
+use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,4 +64,19 @@ pub(crate) fn owner_unavailable(ty: &str, p: u32) -> ApiError {
     );
     err.retry_after = Some(Duration::from_secs(1));
     err
+}
+
+/// The path parameters, refused as 400 `invalid_path` `{error, message}` like every other
+/// error (axum's own `Path` answers a segment that is not UTF-8 with a plain-text 400).
+pub(crate) struct ApiPath<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(t)) => Ok(Self(t)),
+            Err(e) => Err(ApiError::bad_request("invalid_path", e.body_text())),
+        }
+    }
 }

@@ -9,12 +9,15 @@ mod app;
 pub mod cluster;
 mod error;
 pub mod forward;
+pub mod openapi;
 mod process;
+mod route_table;
 mod routes;
 mod views;
 
 pub use axum::Router;
 pub use error::ApiError;
+pub use route_table::ROUTES;
 pub use routes::{HttpOptions, router};
 
 use std::future::Future;

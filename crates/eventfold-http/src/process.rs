@@ -2,14 +2,14 @@
 //! `{name, key, state, timers: [{id, due}]}`; 404 `unknown_process_manager` for a name
 //! not registered, 404 `not_found` for a key with no state and no timer.
 
-use crate::app::App;
+use crate::app::{ApiPath, App};
 use crate::error::ApiError;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 
 pub(crate) async fn get_state(
     State(app): State<App>,
-    Path((name, key)): Path<(String, String)>,
+    ApiPath((name, key)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<eventfold_runtime::ProcessStateView>, ApiError> {
     let pm = app.runtime.process_manager(&name)?;
     match pm.get(&key)? {

@@ -1,9 +1,10 @@
 //! Routes and handlers of the HTTP API.
 
 pub use crate::app::HttpOptions;
-use crate::app::{App, owner_unavailable};
+use crate::app::{ApiPath, App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::Forwarder;
+use crate::route_table::ROUTES;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -13,7 +14,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use eventfold_core::partition::partition_for;
 use eventfold_core::{Outcome, Position};
 use eventfold_runtime::{AggregateService, CommandRequest, PartitionState, ProcessState, Runtime, ViewState};
@@ -39,24 +40,49 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
         options: Arc::new(options),
         forwarder,
     };
-    let reads = Router::new()
-        .route("/v1/aggregates/{type}/{id}", get(get_state))
-        .route("/v1/aggregates/{type}/{id}/events", get(get_events))
-        .route_layer(axum::middleware::from_fn_with_state(app.clone(), to_owner));
-    Router::new()
-        .route("/v1/aggregates/{type}/{id}/commands", post(post_command))
-        .merge(reads)
-        .route("/v1/views/{view}", get(crate::views::query))
-        .route("/v1/views/{view}/{key}", get(crate::views::get_row))
-        .route("/v1/process-managers/{name}/{key}", get(crate::process::get_state))
-        .route("/v1/cluster", get(cluster))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    let mut router = Router::new();
+    for &(method, path) in ROUTES {
+        router = router.route(path, handler(&app, method, path));
+    }
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
+}
+
+/// The handler of one entry of [`ROUTES`].
+fn handler(app: &App, method: &str, path: &str) -> MethodRouter<App> {
+    // Reads of one aggregate go to the instance owning its partition (`layer`, as
+    // `Router::route_layer` does to each route).
+    let to_owner = || axum::middleware::from_fn_with_state(app.clone(), to_owner);
+    match (method, path) {
+        ("POST", "/v1/aggregates/{type}/{id}/commands") => post(post_command),
+        ("GET", "/v1/aggregates/{type}/{id}") => get(get_state).layer(to_owner()),
+        ("GET", "/v1/aggregates/{type}/{id}/events") => get(get_events).layer(to_owner()),
+        ("GET", "/v1/views/{view}") => get(crate::views::query),
+        ("GET", "/v1/views/{view}/{key}") => get(crate::views::get_row),
+        ("GET", "/v1/process-managers/{name}/{key}") => get(crate::process::get_state),
+        ("GET", "/v1/cluster") => get(cluster),
+        ("GET", "/healthz") => get(healthz),
+        ("GET", "/readyz") => get(readyz),
+        ("GET", "/metrics") => get(metrics),
+        ("GET", "/openapi.json") => {
+            // The registered types, views and process managers are fixed once the
+            // runtime is built: render the document once.
+            let doc = Bytes::from(crate::openapi::document(&app.runtime, &app.options).to_string());
+            get(move || {
+                let doc = doc.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                        doc,
+                    )
+                }
+            })
+        }
+        _ => unreachable!("route {method} {path} of ROUTES has no handler"),
+    }
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
@@ -144,7 +170,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 
 async fn post_command(
     State(app): State<App>,
-    Path((ty, id)): Path<(String, String)>,
+    ApiPath((ty, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -204,7 +230,7 @@ async fn post_command(
 
 async fn get_state(
     State(app): State<App>,
-    Path((ty, id)): Path<(String, String)>,
+    ApiPath((ty, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let svc = service(&app, &ty)?;
@@ -230,7 +256,7 @@ struct EventsQuery {
 
 async fn get_events(
     State(app): State<App>,
-    Path((ty, id)): Path<(String, String)>,
+    ApiPath((ty, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {

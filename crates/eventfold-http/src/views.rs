@@ -27,11 +27,11 @@
 //! and the cursor continues from there, so pages concatenate to the full answer with no
 //! gap or repeat. A partition no live instance claims gives 503 `owner_unavailable`.
 
-use crate::app::{App, owner_unavailable};
+use crate::app::{ApiPath, App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::{Forwarder, SHARD_PARTITIONS};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -86,7 +86,7 @@ fn pairs(query: Result<Query<Vec<(String, String)>>, QueryRejection>) -> Result<
 
 pub(crate) async fn get_row(
     State(app): State<App>,
-    Path((name, key)): Path<(String, String)>,
+    ApiPath((name, key)): ApiPath<(String, String)>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     req: Request,
 ) -> Result<Response, ApiError> {
@@ -239,7 +239,7 @@ fn parse(v: &ViewService, params: Vec<(String, String)>) -> Result<Parsed, ApiEr
     Ok(p)
 }
 
-fn kind_name(kind: IndexKind) -> &'static str {
+pub(crate) fn kind_name(kind: IndexKind) -> &'static str {
     match kind {
         IndexKind::String => "string",
         IndexKind::Number => "number",
@@ -293,7 +293,7 @@ fn decode_cursor(token: &str, order_by: Option<&str>, descending: bool) -> Resul
 
 pub(crate) async fn query(
     State(app): State<App>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     headers: HeaderMap,
     uri: Uri,
