@@ -37,7 +37,6 @@ eventfold = { path = "$root/crates/eventfold" }
 anyhow = "1"
 serde = { version = "1", features = ["derive"] }
 serde_json = "1"
-thiserror = "2"
 
 # As the workspace builds its dependencies (so CI reuses them from CARGO_TARGET_DIR).
 [profile.dev.package."*"]

@@ -109,17 +109,42 @@ fn json<T: Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).expect("serializable")
 }
 
+/// `v` as one line of JSON: what a failed harness assertion prints (Debug of a JSON
+/// value would print `Object {..}`).
+pub(crate) fn json_text<T: Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("<not serializable: {e}>"))
+}
+
+/// Panics with both sides as JSON unless `got == expected`.
+#[track_caller]
+pub(crate) fn assert_json_eq<T: Serialize + PartialEq + ?Sized>(got: &T, expected: &T, what: std::fmt::Arguments<'_>) {
+    if got != expected {
+        panic!(
+            "{what}\n     got: {}\nexpected: {}",
+            json_text(got),
+            json_text(expected)
+        );
+    }
+}
+
 impl<A: Aggregate> Then<A> {
     /// Asserts the command was accepted with exactly `expected` events (compared as JSON).
     #[track_caller]
     pub fn then(self, expected: impl IntoIterator<Item = A::Event>) -> Self {
-        let expected: Vec<_> = expected.into_iter().map(|e| json(&e)).collect();
+        let expected: Vec<A::Event> = expected.into_iter().collect();
         match &self.result {
-            Ok(events) => {
-                let got: Vec<_> = events.iter().map(json).collect();
-                assert_eq!(got, expected, "events differ");
-            }
-            Err(r) => panic!("expected events {expected:?}, got rejection {}: {r}", r.code()),
+            // Compared as JSON values, printed as the events serialize (fields in order).
+            Ok(events) if events.iter().map(json).ne(expected.iter().map(json)) => panic!(
+                "events differ\n     got: {}\nexpected: {}",
+                json_text(events),
+                json_text(&expected)
+            ),
+            Ok(_) => {}
+            Err(r) => panic!(
+                "expected events {}, got rejection {}: {r}",
+                json_text(&expected),
+                r.code()
+            ),
         }
         self
     }
@@ -128,10 +153,7 @@ impl<A: Aggregate> Then<A> {
     #[track_caller]
     pub fn then_rejected(self, code: &str) -> Self {
         match &self.result {
-            Ok(events) => panic!(
-                "expected rejection {code}, got events {:?}",
-                events.iter().map(json).collect::<Vec<_>>()
-            ),
+            Ok(events) => panic!("expected rejection {code}, got events {}", json_text(events)),
             Err(r) => assert_eq!(r.code(), code, "rejection code differs (message: {r})"),
         }
         self

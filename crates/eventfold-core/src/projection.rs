@@ -513,7 +513,11 @@ impl<P: Projection> ProjectionTest<P> {
         for join in self.projection.joins() {
             join.fill(&mut row, |fk| self.tables.get(join.table, fk));
         }
-        assert_eq!(row, expected, "row `{key}` of view `{}` as read", P::VIEW);
+        crate::harness::assert_json_eq(
+            &row,
+            &expected,
+            format_args!("row `{key}` of view `{}` as read differs", P::VIEW),
+        );
         self
     }
 
@@ -566,7 +570,11 @@ impl<P: Projection> ProjectionTest<P> {
     /// Asserts row `key` is exactly `expected`.
     #[track_caller]
     pub fn then_row(self, key: &str, expected: Value) -> Self {
-        assert_eq!(self.rows.get(key), Some(&expected), "row `{key}` of view `{}`", P::VIEW);
+        crate::harness::assert_json_eq(
+            &self.rows.get(key),
+            &Some(&expected),
+            format_args!("row `{key}` of view `{}` differs", P::VIEW),
+        );
         self
     }
 
@@ -575,9 +583,9 @@ impl<P: Projection> ProjectionTest<P> {
     pub fn then_no_row(self, key: &str) -> Self {
         assert!(
             !self.rows.contains_key(key),
-            "row `{key}` of view `{}` exists: {:?}",
+            "row `{key}` of view `{}` exists: {}",
             P::VIEW,
-            self.rows.get(key)
+            crate::harness::json_text(&self.rows.get(key))
         );
         self
     }

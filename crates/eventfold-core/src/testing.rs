@@ -98,4 +98,27 @@ mod tests {
             .when(CounterCommand::Add { n: 41 })
             .then_rejected("limit_exceeded");
     }
+
+    /// The panic message of `f`.
+    fn failure(f: impl FnOnce() + std::panic::UnwindSafe) -> String {
+        let err = std::panic::catch_unwind(f).expect_err("the assertion fails");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn failed_harness_assertions_print_events_as_json() {
+        let msg = failure(|| {
+            AggregateTest::<Counter>::new()
+                .when(CounterCommand::Add { n: 1 })
+                .then([CounterEvent::Added { n: 2 }]);
+        });
+        assert!(msg.contains(r#"got: [{"type":"Added","n":1}]"#), "{msg}");
+        assert!(msg.contains(r#"expected: [{"type":"Added","n":2}]"#), "{msg}");
+        let msg = failure(|| {
+            AggregateTest::<Counter>::new()
+                .when(CounterCommand::Add { n: 1 })
+                .then_rejected("limit_exceeded");
+        });
+        assert!(msg.contains(r#"got events [{"type":"Added","n":1}]"#), "{msg}");
+    }
 }

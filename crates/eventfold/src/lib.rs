@@ -22,7 +22,22 @@ pub use eventfold_runtime as runtime;
 pub use eventfold_store as store;
 
 pub use app::App;
+pub use eventfold_core::projection;
+pub use eventfold_core::rejections;
 pub use eventfold_core::{
     Actions, Aggregate, AggregateTest, Context, EventMeta, Expect, Index, Input, ProcessContext, ProcessManager,
     ProcessTest, Projection, ProjectionTest, Refusal, Reject, Scope, Subscription, ViewChanges,
 };
+pub use eventfold_core::{IndexValue, Join, Outcome, Position};
+
+/// The traits and types a service's domain code uses, for `use eventfold::prelude::*;`.
+/// The projection's input event is `ProjectionEvent` here (`eventfold::projection::Event`),
+/// so that it does not clash with a domain's own `Event`.
+pub mod prelude {
+    pub use crate::rejections;
+    pub use eventfold_core::projection::Event as ProjectionEvent;
+    pub use eventfold_core::{
+        Actions, Aggregate, Context, EventMeta, Index, Input, Join, ProcessContext, ProcessManager, Projection,
+        Refusal, Reject, Scope, Subscription, ViewChanges,
+    };
+}

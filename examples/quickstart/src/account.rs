@@ -1,6 +1,6 @@
 //! The `account` aggregate: open it, deposit, withdraw; the balance never goes below zero.
 
-use eventfold::{Aggregate, Context, Reject};
+use eventfold::{Aggregate, Context};
 use serde::{Deserialize, Serialize};
 
 /// What a client asks of an account, e.g. `{"type": "Deposit", "amount_cents": 500}`.
@@ -27,31 +27,20 @@ pub enum Event {
     Withdrawn { amount_cents: u64 },
 }
 
-/// Why an account refuses a command; its code is the `error` of the HTTP 422 answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Rejection {
-    /// `Open` of an account that is already open.
-    #[error("the account is already open")]
-    AlreadyOpen,
-    /// `Deposit` or `Withdraw` before `Open`.
-    #[error("the account is not open")]
-    NotOpen,
-    /// An amount of zero, or a deposit that would take the balance past `u64::MAX`.
-    #[error("the amount must be above zero and keep the balance within u64")]
-    InvalidAmount,
-    /// `Withdraw` of more than the balance.
-    #[error("cannot withdraw {amount_cents} cents, the balance is {balance_cents}")]
-    InsufficientFunds { balance_cents: u64, amount_cents: u64 },
-}
-
-impl Reject for Rejection {
-    fn code(&self) -> &'static str {
-        match self {
-            Self::AlreadyOpen => "already_open",
-            Self::NotOpen => "not_open",
-            Self::InvalidAmount => "invalid_amount",
-            Self::InsufficientFunds { .. } => "insufficient_funds",
-        }
+eventfold::rejections! {
+    /// Why an account refuses a command: each variant's code is the `error` of the HTTP
+    /// 422 answer, its message the `message`.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Rejection {
+        /// `Open` of an account that is already open.
+        AlreadyOpen = "already_open" => "the account is already open",
+        /// `Deposit` or `Withdraw` before `Open`.
+        NotOpen = "not_open" => "the account is not open",
+        /// An amount of zero, or a deposit that would take the balance past `u64::MAX`.
+        InvalidAmount = "invalid_amount" => "the amount must be above zero and keep the balance within u64",
+        /// `Withdraw` of more than the balance.
+        InsufficientFunds { balance_cents: u64, amount_cents: u64 } = "insufficient_funds"
+            => "cannot withdraw {amount_cents} cents, the balance is {balance_cents}",
     }
 }
 

@@ -1,7 +1,7 @@
 //! The `accounts` view: every account with its owner and balance, queryable by either.
 
 use crate::account::{self, Account};
-use eventfold::core::projection::Event;
+use eventfold::projection::Event;
 use eventfold::{Index, Projection, ViewChanges};
 use serde_json::json;
 
