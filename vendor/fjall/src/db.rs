@@ -66,7 +66,11 @@ impl Drop for DatabaseInner {
 
         self.stop_signal.send();
 
-        while self.active_thread_counter.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        while self
+            .active_thread_counter
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+        {
             let _ = self.worker_pool.rx.drain().count();
             let _ = self.worker_pool.sender.try_send(WorkerMessage::Close);
             std::thread::sleep(std::time::Duration::from_micros(10));
@@ -77,7 +81,11 @@ impl Drop for DatabaseInner {
 
         // IMPORTANT: Break cyclic Arcs
         self.supervisor.flush_manager.clear();
-        self.supervisor.keyspaces.write().expect("lock is poisoned").clear();
+        self.supervisor
+            .keyspaces
+            .write()
+            .expect("lock is poisoned")
+            .clear();
         self.supervisor
             .journal_manager
             .write()
@@ -91,7 +99,10 @@ impl Drop for DatabaseInner {
             );
 
             if let Err(err) = remove_dir_all(&self.config.path) {
-                log::warn!("Failed to clean up path: {} - {err}", self.config.path.display());
+                log::warn!(
+                    "Failed to clean up path: {} - {err}",
+                    self.config.path.display()
+                );
             }
         }
 
@@ -214,7 +225,10 @@ impl Database {
     #[doc(hidden)]
     #[must_use]
     pub fn time_compacting(&self) -> std::time::Duration {
-        let us = self.stats.time_compacting.load(std::sync::atomic::Ordering::Relaxed);
+        let us = self
+            .stats
+            .time_compacting
+            .load(std::sync::atomic::Ordering::Relaxed);
 
         std::time::Duration::from_micros(us)
     }
@@ -338,7 +352,9 @@ impl Database {
         }
 
         self.supervisor.journal.persist(mode).inspect_err(|e| {
-            log::error!("flush failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",);
+            log::error!(
+                "flush failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",
+            );
             self.is_poisoned.poison();
         })?;
 
@@ -375,7 +391,10 @@ impl Database {
     ///
     /// Returns error, if an IO error occurred.
     pub fn open(config: Config) -> crate::Result<Self> {
-        log::debug!("cache capacity={}MiB", config.cache.capacity() / 1_024 / 1_024,);
+        log::debug!(
+            "cache capacity={}MiB",
+            config.cache.capacity() / 1_024 / 1_024,
+        );
 
         let db = Self::create_or_recover(config)?;
         // db.start_background_threads()?;
@@ -412,7 +431,9 @@ impl Database {
     pub fn delete_keyspace(&self, handle: Keyspace) -> crate::Result<()> {
         self.meta_keyspace.remove_keyspace(&handle.name)?;
 
-        handle.is_deleted.store(true, std::sync::atomic::Ordering::Release);
+        handle
+            .is_deleted
+            .store(true, std::sync::atomic::Ordering::Release);
 
         Ok(())
     }
@@ -490,7 +511,11 @@ impl Database {
     /// Returns the number of keyspaces.
     #[must_use]
     pub fn keyspace_count(&self) -> usize {
-        self.supervisor.keyspaces.read().expect("lock is poisoned").len()
+        self.supervisor
+            .keyspaces
+            .read()
+            .expect("lock is poisoned")
+            .len()
     }
 
     /// Gets a list of all keyspace names in the database.
@@ -547,9 +572,7 @@ impl Database {
                 log::error!("It looks like you are trying to open a V2 database - the database needs a manual migration, a tool is available at https://github.com/fjall-rs/migrate-v2-v3.");
             }
             if version as u8 > 3 {
-                log::error!(
-                    "It looks like you are trying to open a database from the future. Are you a time traveller?"
-                );
+                log::error!("It looks like you are trying to open a database from the future. Are you a time traveller?");
             }
             if version != FormatVersion::V3 {
                 return Err(crate::Error::InvalidVersion(Some(version)));
@@ -607,18 +630,23 @@ impl Database {
         .data_block_restart_interval_policy(crate::config::RestartIntervalPolicy::all(1))
         .index_block_compression_policy(crate::config::CompressionPolicy::disabled())
         .filter_policy(crate::config::FilterPolicy::new([
-            lsm_tree::config::FilterPolicyEntry::Bloom(lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(
-                0.0001,
-            )),
-            lsm_tree::config::FilterPolicyEntry::Bloom(lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(
-                0.01,
-            )),
+            lsm_tree::config::FilterPolicyEntry::Bloom(
+                lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(0.0001),
+            ),
+            lsm_tree::config::FilterPolicyEntry::Bloom(
+                lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(0.01),
+            ),
         ]))
         .open()?;
 
         let keyspaces = Arc::new(RwLock::default());
 
-        let meta_keyspace = MetaKeyspace::new(meta_tree, keyspaces.clone(), seqno.clone(), visible_seqno.clone());
+        let meta_keyspace = MetaKeyspace::new(
+            meta_tree,
+            keyspaces.clone(),
+            seqno.clone(),
+            visible_seqno.clone(),
+        );
 
         let supervisor = Supervisor::new(SupervisorInner {
             db_config: config.clone(),
@@ -655,7 +683,13 @@ impl Database {
         recover_keyspaces(&db, &meta_keyspace)?;
 
         // Recover sealed memtables by walking through old journals
-        recover_sealed_memtables(&db, &sealed_journals.into_iter().map(|(_, x)| x).collect::<Vec<_>>())?;
+        recover_sealed_memtables(
+            &db,
+            &sealed_journals
+                .into_iter()
+                .map(|(_, x)| x)
+                .collect::<Vec<_>>(),
+        )?;
 
         {
             #[expect(clippy::expect_used)]
@@ -665,10 +699,7 @@ impl Database {
             // was not correctly rotated
             for keyspace in keyspaces.values() {
                 if keyspace.tree.active_memtable().size() > 0 {
-                    log::error!(
-                        "Active memtable is not empty after recovery for keyspace {:?} - recovery failed",
-                        keyspace.name
-                    );
+                    log::error!("Active memtable is not empty after recovery for keyspace {:?} - recovery failed", keyspace.name);
                     return Err(crate::Error::Unrecoverable);
                 }
             }
@@ -690,7 +721,8 @@ impl Database {
                     let batch = batch?;
 
                     for item in batch.items {
-                        highest_encountered_keyspace_id = highest_encountered_keyspace_id.max(item.keyspace_id);
+                        highest_encountered_keyspace_id =
+                            highest_encountered_keyspace_id.max(item.keyspace_id);
 
                         // eventfold patch: the name of a keyspace id is read from the meta keyspace once
                         // per replay, not once per journal item (that point read was half the replay).
@@ -766,23 +798,39 @@ impl Database {
                     db.supervisor.write_buffer_size.allocate(size);
 
                     // Recover seqno
-                    let maybe_next_seqno = keyspace.tree.get_highest_seqno().map(|x| x + 1).unwrap_or_default();
+                    let maybe_next_seqno = keyspace
+                        .tree
+                        .get_highest_seqno()
+                        .map(|x| x + 1)
+                        .unwrap_or_default();
 
                     db.supervisor.seqno.fetch_max(maybe_next_seqno);
                     log::debug!("Database seqno is now {}", db.supervisor.seqno.get());
                 }
 
-                db.keyspace_id_counter.fetch_max(highest_encountered_keyspace_id + 1);
+                db.keyspace_id_counter
+                    .fetch_max(highest_encountered_keyspace_id + 1);
 
-                log::trace!("Set keyspace id counter to {}", db.keyspace_id_counter.get(),);
+                log::trace!(
+                    "Set keyspace id counter to {}",
+                    db.keyspace_id_counter.get(),
+                );
             }
         }
 
-        db.supervisor.snapshot_tracker.set(db.supervisor.seqno.get());
+        db.supervisor
+            .snapshot_tracker
+            .set(db.supervisor.seqno.get());
 
         db.supervisor.snapshot_tracker.gc();
 
-        for keyspace in db.supervisor.keyspaces.read().expect("lock is poisoned").values() {
+        for keyspace in db
+            .supervisor
+            .keyspaces
+            .read()
+            .expect("lock is poisoned")
+            .values()
+        {
             if keyspace.tree.sealed_memtable_count() > 0 {
                 log::debug!(
                     "Queuing keyspace {:?} to get flushed because sealed memtables > 0",
@@ -790,9 +838,11 @@ impl Database {
                 );
 
                 // IMPORTANT: Add task to flush manager, so it can be flushed
-                db.supervisor.flush_manager.enqueue(Arc::new(crate::flush::Task {
-                    keyspace: keyspace.clone(),
-                }));
+                db.supervisor
+                    .flush_manager
+                    .enqueue(Arc::new(crate::flush::Task {
+                        keyspace: keyspace.clone(),
+                    }));
 
                 keyspace.worker_messager.send(WorkerMessage::Flush).ok();
             } else if keyspace.tree.l0_run_count() > 0 {
@@ -835,8 +885,10 @@ impl Database {
         std::fs::create_dir_all(&keyspaces_folder_path)?;
 
         let active_journal_path = journal_folder_path.join("0.jnl");
-        let journal = Journal::create_new(&active_journal_path)?
-            .with_compression(config.journal_compression_type, config.journal_compression_threshold);
+        let journal = Journal::create_new(&active_journal_path)?.with_compression(
+            config.journal_compression_type,
+            config.journal_compression_threshold,
+        );
         let journal = Arc::new(journal.with_spare_journals(config.spare_journals));
 
         // NOTE: Lastly, fsync version marker, which contains the version
@@ -865,18 +917,23 @@ impl Database {
         .data_block_restart_interval_policy(crate::config::RestartIntervalPolicy::all(1))
         .index_block_compression_policy(crate::config::CompressionPolicy::disabled())
         .filter_policy(crate::config::FilterPolicy::new([
-            lsm_tree::config::FilterPolicyEntry::Bloom(lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(
-                0.0001,
-            )),
-            lsm_tree::config::FilterPolicyEntry::Bloom(lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(
-                0.01,
-            )),
+            lsm_tree::config::FilterPolicyEntry::Bloom(
+                lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(0.0001),
+            ),
+            lsm_tree::config::FilterPolicyEntry::Bloom(
+                lsm_tree::config::BloomConstructionPolicy::FalsePositiveRate(0.01),
+            ),
         ]))
         .open()?;
 
         let keyspaces = Arc::new(RwLock::default());
 
-        let meta_keyspace = MetaKeyspace::new(meta_tree, keyspaces.clone(), seqno.clone(), visible_seqno.clone());
+        let meta_keyspace = MetaKeyspace::new(
+            meta_tree,
+            keyspaces.clone(),
+            seqno.clone(),
+            visible_seqno.clone(),
+        );
 
         let supervisor = Supervisor::new(SupervisorInner {
             db_config: config.clone(),

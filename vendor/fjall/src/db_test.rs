@@ -157,7 +157,9 @@ fn recover_sealed_order() -> crate::Result<()> {
     let folder = tempfile::tempdir()?;
 
     {
-        let db = Database::builder(folder.path()).worker_threads_unchecked(0).open()?;
+        let db = Database::builder(folder.path())
+            .worker_threads_unchecked(0)
+            .open()?;
 
         let tree = db.keyspace("default", KeyspaceCreateOptions::default)?;
 
@@ -215,7 +217,9 @@ fn recover_sealed_pair_1() -> crate::Result<()> {
     for i in 0_u128..3 {
         let db = Database::create_or_recover(Database::builder(folder.path()).into_config())?;
 
-        let tree = db.keyspace("default", || KeyspaceCreateOptions::default().max_memtable_size(1_000))?;
+        let tree = db.keyspace("default", || {
+            KeyspaceCreateOptions::default().max_memtable_size(1_000)
+        })?;
         let tree2 = db.keyspace("default2", || {
             KeyspaceCreateOptions::default()
                 .max_memtable_size(1_000)
@@ -269,7 +273,9 @@ fn recover_sealed_partially_flushed_batch() -> crate::Result<()> {
     };
 
     {
-        let db = Database::builder(folder.path()).worker_threads_unchecked(0).open()?;
+        let db = Database::builder(folder.path())
+            .worker_threads_unchecked(0)
+            .open()?;
         let a = db.keyspace("a", KeyspaceCreateOptions::default)?;
         let b = db.keyspace("b", KeyspaceCreateOptions::default)?;
 

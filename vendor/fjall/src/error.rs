@@ -2,7 +2,9 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use crate::{journal::error::RecoveryError as JournalRecoveryError, version::FormatVersion, CompressionType};
+use crate::{
+    journal::error::RecoveryError as JournalRecoveryError, version::FormatVersion, CompressionType,
+};
 
 /// Errors that may occur in the storage engine
 #[derive(Debug)]

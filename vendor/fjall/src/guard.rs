@@ -39,7 +39,10 @@ impl Guard {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub fn into_inner_if(self, pred: impl Fn(&crate::UserKey) -> bool) -> crate::Result<(UserKey, Option<UserValue>)> {
+    pub fn into_inner_if(
+        self,
+        pred: impl Fn(&crate::UserKey) -> bool,
+    ) -> crate::Result<(UserKey, Option<UserValue>)> {
         self.0.into_inner_if(pred).map_err(Into::into)
     }
 

@@ -16,7 +16,11 @@ impl<'a> Ingestion<'a> {
         Ok(Self { keyspace, inner })
     }
 
-    pub fn write<K: Into<UserKey>, V: Into<UserValue>>(&mut self, key: K, value: V) -> crate::Result<()> {
+    pub fn write<K: Into<UserKey>, V: Into<UserValue>>(
+        &mut self,
+        key: K,
+        value: V,
+    ) -> crate::Result<()> {
         self.inner.write(key, value).map_err(Into::into)
     }
 

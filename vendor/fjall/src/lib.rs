@@ -131,13 +131,15 @@ mod version;
 mod worker_pool;
 mod write_buffer_manager;
 
-pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, xxhash_rust::xxh3::Xxh3DefaultBuilder>;
+pub(crate) type HashMap<K, V> =
+    std::collections::HashMap<K, V, xxhash_rust::xxh3::Xxh3DefaultBuilder>;
 
 /// Configuration policies
 pub mod config {
     pub use lsm_tree::config::{
-        BlockSizePolicy, BloomConstructionPolicy, CompressionPolicy, FilterPolicy, FilterPolicyEntry, HashRatioPolicy,
-        PartitioningPolicy, PinningPolicy, RestartIntervalPolicy,
+        BlockSizePolicy, BloomConstructionPolicy, CompressionPolicy, FilterPolicy,
+        FilterPolicyEntry, HashRatioPolicy, PartitioningPolicy, PinningPolicy,
+        RestartIntervalPolicy,
     };
 }
 
@@ -187,7 +189,9 @@ pub(crate) fn background_thread_started() {
     }
 }
 
-pub use lsm_tree::{CompressionType, KvPair, KvSeparationOptions, SeqNo, Slice, UserKey, UserValue};
+pub use lsm_tree::{
+    CompressionType, KvPair, KvSeparationOptions, SeqNo, Slice, UserKey, UserValue,
+};
 
 /// Utility functions
 pub mod util {

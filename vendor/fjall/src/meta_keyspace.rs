@@ -12,8 +12,9 @@ pub fn encode_config_key(keyspace_id: InternalKeyspaceId, name: &str) -> crate::
     use std::io::Write;
 
     #[expect(unsafe_code)]
-    let mut key =
-        unsafe { crate::UserKey::builder_unzeroed(1 + std::mem::size_of::<InternalKeyspaceId>() + name.len()) };
+    let mut key = unsafe {
+        crate::UserKey::builder_unzeroed(1 + std::mem::size_of::<InternalKeyspaceId>() + name.len())
+    };
 
     #[expect(
         clippy::unwrap_used,
@@ -107,7 +108,8 @@ impl MetaKeyspace {
         let mut kvs = keyspace.config.encode_kvs(keyspace_id);
 
         kvs.push({
-            let mut key: Vec<u8> = Vec::with_capacity(std::mem::size_of::<InternalKeyspaceId>() + 1);
+            let mut key: Vec<u8> =
+                Vec::with_capacity(std::mem::size_of::<InternalKeyspaceId>() + 1);
             key.push(b'n');
             key.extend(keyspace_id.to_be_bytes());
 
@@ -120,7 +122,10 @@ impl MetaKeyspace {
 
         #[cfg(debug_assertions)]
         {
-            assert!(kvs.is_sorted_by_key(|(k, _)| k), "config KVs need to be sorted by key",);
+            assert!(
+                kvs.is_sorted_by_key(|(k, _)| k),
+                "config KVs need to be sorted by key",
+            );
         }
 
         let mut ingestion = self.inner.ingestion()?;
@@ -169,7 +174,8 @@ impl MetaKeyspace {
             }
 
             // Remove ID -> name mapping
-            let mut key: Vec<u8> = Vec::with_capacity(std::mem::size_of::<InternalKeyspaceId>() + 1);
+            let mut key: Vec<u8> =
+                Vec::with_capacity(std::mem::size_of::<InternalKeyspaceId>() + 1);
             key.push(b'n');
             key.extend(keyspace.id.to_be_bytes());
             ingestion.write_tombstone(key)?;
@@ -192,8 +198,9 @@ impl MetaKeyspace {
     pub(crate) fn resolve_id(&self, id: InternalKeyspaceId) -> crate::Result<Option<StrView>> {
         #[expect(unsafe_code, clippy::indexing_slicing)]
         let key = {
-            let mut builder =
-                unsafe { lsm_tree::Slice::builder_unzeroed(std::mem::size_of::<InternalKeyspaceId>() + 1) };
+            let mut builder = unsafe {
+                lsm_tree::Slice::builder_unzeroed(std::mem::size_of::<InternalKeyspaceId>() + 1)
+            };
             builder[0] = b'n';
             builder[1..].copy_from_slice(&id.to_be_bytes());
             builder.freeze()
@@ -208,7 +215,10 @@ impl MetaKeyspace {
     }
 
     pub(crate) fn keyspace_exists(&self, name: &str) -> bool {
-        self.keyspaces.read().expect("lock is poisoned").contains_key(name)
+        self.keyspaces
+            .read()
+            .expect("lock is poisoned")
+            .contains_key(name)
     }
 }
 
@@ -252,8 +262,8 @@ mod tests {
                     .inner
                     .get(
                         &[
-                            'c' as u8, 0, 0, 0, 0, 0, 0, 0, 1, 'v' as u8, 'e' as u8, 'r' as u8, 's' as u8, 'i' as u8,
-                            'o' as u8, 'n' as u8
+                            'c' as u8, 0, 0, 0, 0, 0, 0, 0, 1, 'v' as u8, 'e' as u8, 'r' as u8,
+                            's' as u8, 'i' as u8, 'o' as u8, 'n' as u8
                         ],
                         SeqNo::MAX
                     )?
@@ -278,8 +288,8 @@ mod tests {
                     .inner
                     .get(
                         &[
-                            'c' as u8, 0, 0, 0, 0, 0, 0, 0, 1, 'v' as u8, 'e' as u8, 'r' as u8, 's' as u8, 'i' as u8,
-                            'o' as u8, 'n' as u8
+                            'c' as u8, 0, 0, 0, 0, 0, 0, 0, 1, 'v' as u8, 'e' as u8, 'r' as u8,
+                            's' as u8, 'i' as u8, 'o' as u8, 'n' as u8
                         ],
                         SeqNo::MAX
                     )?
@@ -321,7 +331,10 @@ mod tests {
 
             assert_eq!(tree.len()?, ITEM_COUNT * 2);
             assert_eq!(tree.iter().flat_map(Guard::key).count(), ITEM_COUNT * 2);
-            assert_eq!(tree.iter().rev().flat_map(Guard::key).count(), ITEM_COUNT * 2,);
+            assert_eq!(
+                tree.iter().rev().flat_map(Guard::key).count(),
+                ITEM_COUNT * 2,
+            );
         }
 
         for _ in 0..3 {
@@ -334,7 +347,10 @@ mod tests {
 
             assert_eq!(tree.len()?, ITEM_COUNT * 2);
             assert_eq!(tree.iter().flat_map(Guard::key).count(), ITEM_COUNT * 2);
-            assert_eq!(tree.iter().rev().flat_map(Guard::key).count(), ITEM_COUNT * 2,);
+            assert_eq!(
+                tree.iter().rev().flat_map(Guard::key).count(),
+                ITEM_COUNT * 2,
+            );
         }
 
         {
@@ -385,7 +401,10 @@ mod tests {
             }
 
             assert_eq!(db.read_tx().len(&tree)?, ITEM_COUNT * 2);
-            assert_eq!(db.read_tx().iter(&tree).flat_map(Guard::key).count(), ITEM_COUNT * 2,);
+            assert_eq!(
+                db.read_tx().iter(&tree).flat_map(Guard::key).count(),
+                ITEM_COUNT * 2,
+            );
             assert_eq!(
                 db.read_tx().iter(&tree).rev().flat_map(Guard::key).count(),
                 ITEM_COUNT * 2,
@@ -398,7 +417,10 @@ mod tests {
             let tree = db.keyspace("default", KeyspaceCreateOptions::default)?;
 
             assert_eq!(db.read_tx().len(&tree)?, ITEM_COUNT * 2);
-            assert_eq!(db.read_tx().iter(&tree).flat_map(Guard::key).count(), ITEM_COUNT * 2,);
+            assert_eq!(
+                db.read_tx().iter(&tree).flat_map(Guard::key).count(),
+                ITEM_COUNT * 2,
+            );
             assert_eq!(
                 db.read_tx().iter(&tree).rev().flat_map(Guard::key).count(),
                 ITEM_COUNT * 2,
@@ -434,8 +456,13 @@ mod tests {
         let keyspace_name = "default";
         let folder = tempfile::tempdir()?;
 
-        let keyspace_exists =
-            |id: u64| -> std::io::Result<bool> { folder.path().join("keyspaces").join(id.to_string()).try_exists() };
+        let keyspace_exists = |id: u64| -> std::io::Result<bool> {
+            folder
+                .path()
+                .join("keyspaces")
+                .join(id.to_string())
+                .try_exists()
+        };
 
         let db = Database::builder(&folder).open()?;
         assert!(!keyspace_exists(1)?);
@@ -446,7 +473,9 @@ mod tests {
         db.delete_keyspace(keyspace)?;
         assert!(!keyspace_exists(1)?);
 
-        assert!(db.keyspace("default", KeyspaceCreateOptions::default).is_ok());
+        assert!(db
+            .keyspace("default", KeyspaceCreateOptions::default)
+            .is_ok());
         assert!(keyspace_exists(2)?);
 
         Ok(())

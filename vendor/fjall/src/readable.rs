@@ -38,7 +38,11 @@ pub trait Readable {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn get<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<UserValue>>;
+    fn get<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<UserValue>>;
 
     /// Returns `true` if the snapshot contains the specified key.
     ///
@@ -61,7 +65,11 @@ pub trait Readable {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn contains_key<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<bool>;
+    fn contains_key<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<bool>;
 
     /// Returns the first key-value pair in the snapshot.
     /// The key in this pair is the minimum key in the snapshot.
@@ -135,7 +143,11 @@ pub trait Readable {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn size_of<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<u32>>;
+    fn size_of<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<u32>>;
 
     /// Returns `true` if the parkeyspacetition is empty.
     ///
@@ -161,7 +173,11 @@ pub trait Readable {
     ///
     /// Will return `Err` if an IO error occurs.
     fn is_empty(&self, keyspace: impl AsRef<Keyspace>) -> crate::Result<bool> {
-        Ok(self.first_key_value(keyspace).map(Guard::key).transpose()?.is_none())
+        Ok(self
+            .first_key_value(keyspace)
+            .map(Guard::key)
+            .transpose()?
+            .is_none())
     }
 
     /// Iterates over the snapshot.
@@ -255,7 +271,11 @@ pub trait Readable {
     /// #
     /// # Ok::<(), fjall::Error>(())
     /// ```
-    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, keyspace: impl AsRef<Keyspace>, range: R) -> Iter;
+    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        range: R,
+    ) -> Iter;
 
     /// Iterates over a prefixed set of the snapshot.
     ///

@@ -4,8 +4,12 @@
 
 use crate::{
     file::{KEYSPACES_FOLDER, LSM_CURRENT_VERSION_MARKER},
-    journal::{batch_reader::JournalBatchReader, manager::EvictionWatermark, reader::JournalReader},
-    keyspace::{apply_to_base_config, options::CreateOptions as KeyspaceCreateOptions, InternalKeyspaceId},
+    journal::{
+        batch_reader::JournalBatchReader, manager::EvictionWatermark, reader::JournalReader,
+    },
+    keyspace::{
+        apply_to_base_config, options::CreateOptions as KeyspaceCreateOptions, InternalKeyspaceId,
+    },
     meta_keyspace::MetaKeyspace,
     Database, HashMap, Keyspace,
 };
@@ -28,7 +32,10 @@ pub fn recover_keyspaces(db: &Database, meta_keyspace: &MetaKeyspace) -> crate::
         let keyspace_path = dirent.path();
 
         if dirent.file_type()?.is_file() {
-            log::warn!("Found stray file {} in keyspaces folder", keyspace_path.display(),);
+            log::warn!(
+                "Found stray file {} in keyspaces folder",
+                keyspace_path.display(),
+            );
             continue;
         }
 
@@ -55,7 +62,10 @@ pub fn recover_keyspaces(db: &Database, meta_keyspace: &MetaKeyspace) -> crate::
         log::trace!("Recovering keyspace with id={keyspace_id}");
 
         // NOTE: Check for marker, maybe the keyspace is not fully initialized
-        if !keyspace_path.join(LSM_CURRENT_VERSION_MARKER).try_exists()? {
+        if !keyspace_path
+            .join(LSM_CURRENT_VERSION_MARKER)
+            .try_exists()?
+        {
             log::debug!("Deleting uninitialized keyspace {keyspace_name:?}");
             std::fs::remove_dir_all(keyspace_path)?;
             continue;
@@ -87,7 +97,13 @@ pub fn recover_keyspaces(db: &Database, meta_keyspace: &MetaKeyspace) -> crate::
 
         let tree = base_config.open()?;
 
-        let keyspace = Keyspace::from_database(keyspace_id, db, tree, keyspace_name.clone(), recovered_config);
+        let keyspace = Keyspace::from_database(
+            keyspace_id,
+            db,
+            tree,
+            keyspace_name.clone(),
+            recovered_config,
+        );
 
         // Add keyspace to dictionary
         keyspaces_lock.insert(keyspace_name.clone(), keyspace.clone());
@@ -97,17 +113,27 @@ pub fn recover_keyspaces(db: &Database, meta_keyspace: &MetaKeyspace) -> crate::
 
     db.keyspace_id_counter.set(highest_keyspace_id + 1);
 
-    log::trace!("Set keyspace id counter to {}", db.keyspace_id_counter.get(),);
+    log::trace!(
+        "Set keyspace id counter to {}",
+        db.keyspace_id_counter.get(),
+    );
 
     Ok(())
 }
 
 #[expect(clippy::too_many_lines)]
-pub fn recover_sealed_memtables(db: &Database, sealed_journal_paths: &[PathBuf]) -> crate::Result<()> {
+pub fn recover_sealed_memtables(
+    db: &Database,
+    sealed_journal_paths: &[PathBuf],
+) -> crate::Result<()> {
     let mut highest_encountered_keyspace_id = 0;
 
     #[expect(clippy::expect_used)]
-    let mut journal_manager_lock = db.supervisor.journal_manager.write().expect("lock is poisoned");
+    let mut journal_manager_lock = db
+        .supervisor
+        .journal_manager
+        .write()
+        .expect("lock is poisoned");
 
     #[expect(clippy::expect_used)]
     let keyspaces_lock = db.supervisor.keyspaces.read().expect("lock is poisoned");
@@ -132,7 +158,8 @@ pub fn recover_sealed_memtables(db: &Database, sealed_journal_paths: &[PathBuf])
             let batch = batch?;
 
             for item in batch.items {
-                highest_encountered_keyspace_id = highest_encountered_keyspace_id.max(item.keyspace_id);
+                highest_encountered_keyspace_id =
+                    highest_encountered_keyspace_id.max(item.keyspace_id);
 
                 // eventfold patch: the name of a keyspace id is read from the meta keyspace once
                 // per replay, not once per journal item (that point read was half the replay).
@@ -227,7 +254,8 @@ pub fn recover_sealed_memtables(db: &Database, sealed_journal_paths: &[PathBuf])
 
             // IMPORTANT: Apply the sealed memtable only if it contains data newer than the
             // keyspace's persisted LSN.
-            let should_skip_sealed_memtable = keyspace_lsn.is_some_and(|keyspace_lsn| keyspace_lsn >= wm.lsn);
+            let should_skip_sealed_memtable =
+                keyspace_lsn.is_some_and(|keyspace_lsn| keyspace_lsn >= wm.lsn);
 
             if should_skip_sealed_memtable {
                 log::trace!(
@@ -252,7 +280,9 @@ pub fn recover_sealed_memtables(db: &Database, sealed_journal_paths: &[PathBuf])
                 log::debug!("Database seqno is now {}", db.supervisor.seqno.get());
 
                 // IMPORTANT: Add sealed memtable size to current write buffer size
-                db.supervisor.write_buffer_size.allocate(sealed_memtable.size());
+                db.supervisor
+                    .write_buffer_size
+                    .allocate(sealed_memtable.size());
 
                 // TODO: unit test write buffer size after recovery
 
@@ -272,9 +302,13 @@ pub fn recover_sealed_memtables(db: &Database, sealed_journal_paths: &[PathBuf])
         log::debug!("Requeued sealed journal at {}", journal_path.display());
     }
 
-    db.keyspace_id_counter.fetch_max(highest_encountered_keyspace_id + 1);
+    db.keyspace_id_counter
+        .fetch_max(highest_encountered_keyspace_id + 1);
 
-    log::trace!("Set keyspace id counter to {}", db.keyspace_id_counter.get(),);
+    log::trace!(
+        "Set keyspace id counter to {}",
+        db.keyspace_id_counter.get(),
+    );
 
     Ok(())
 }

@@ -31,11 +31,23 @@ impl Snapshot {
 }
 
 impl Readable for Snapshot {
-    fn get<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<UserValue>> {
-        keyspace.as_ref().tree.get(key, self.nonce.instant).map_err(Into::into)
+    fn get<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<UserValue>> {
+        keyspace
+            .as_ref()
+            .tree
+            .get(key, self.nonce.instant)
+            .map_err(Into::into)
     }
 
-    fn contains_key<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<bool> {
+    fn contains_key<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<bool> {
         keyspace
             .as_ref()
             .tree
@@ -51,7 +63,11 @@ impl Readable for Snapshot {
         self.iter(keyspace).next_back()
     }
 
-    fn size_of<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<u32>> {
+    fn size_of<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<u32>> {
         keyspace
             .as_ref()
             .tree
@@ -65,14 +81,24 @@ impl Readable for Snapshot {
         Iter::new(self.nonce.clone(), iter)
     }
 
-    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, keyspace: impl AsRef<Keyspace>, range: R) -> Iter {
-        let iter = keyspace.as_ref().tree.range(range, self.nonce.instant, None);
+    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        range: R,
+    ) -> Iter {
+        let iter = keyspace
+            .as_ref()
+            .tree
+            .range(range, self.nonce.instant, None);
 
         Iter::new(self.nonce.clone(), iter)
     }
 
     fn prefix<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, prefix: K) -> Iter {
-        let iter = keyspace.as_ref().tree.prefix(prefix, self.nonce.instant, None);
+        let iter = keyspace
+            .as_ref()
+            .tree
+            .prefix(prefix, self.nonce.instant, None);
 
         Iter::new(self.nonce.clone(), iter)
     }

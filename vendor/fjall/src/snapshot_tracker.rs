@@ -109,7 +109,10 @@ impl SnapshotTracker {
 
         self.data.alter(&instant, |_, v| v.saturating_sub(1));
 
-        let freed = self.freed_count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        let freed = self
+            .freed_count
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+            + 1;
 
         drop(lock);
 
@@ -126,7 +129,8 @@ impl SnapshotTracker {
     // TODO: after recovery, we may need to set the GC watermark once to current_seqno - 1
     // so there cannot be compactions scheduled immediately with gc_watermark=0
     pub fn get_seqno_safe_to_gc(&self) -> SeqNo {
-        self.lowest_freed_instant.load(std::sync::atomic::Ordering::Acquire)
+        self.lowest_freed_instant
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub(crate) fn pullup(&self) {
@@ -134,8 +138,10 @@ impl SnapshotTracker {
         let _lock = self.gc_lock.write().expect("lock is poisoned");
 
         if self.data.is_empty() {
-            self.lowest_freed_instant
-                .store(self.seqno.get().saturating_sub(1), std::sync::atomic::Ordering::Release);
+            self.lowest_freed_instant.store(
+                self.seqno.get().saturating_sub(1),
+                std::sync::atomic::Ordering::Release,
+            );
         }
     }
 
@@ -166,8 +172,10 @@ impl SnapshotTracker {
             lowest_retained = seqno_threshold;
         }
 
-        self.lowest_freed_instant
-            .fetch_max(lowest_retained.saturating_sub(1), std::sync::atomic::Ordering::AcqRel);
+        self.lowest_freed_instant.fetch_max(
+            lowest_retained.saturating_sub(1),
+            std::sync::atomic::Ordering::AcqRel,
+        );
     }
 }
 

@@ -51,7 +51,10 @@ impl Supervisor {
         Self(Arc::new(inner))
     }
 
-    pub fn build_seqno_map(&self, keyspaces: &Keyspaces) -> Vec<crate::journal::manager::EvictionWatermark> {
+    pub fn build_seqno_map(
+        &self,
+        keyspaces: &Keyspaces,
+    ) -> Vec<crate::journal::manager::EvictionWatermark> {
         use crate::AbstractTree;
 
         let mut seqnos = Vec::with_capacity(keyspaces.len());

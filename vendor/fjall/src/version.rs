@@ -61,7 +61,10 @@ impl FormatVersion {
         }
     }
 
-    pub(crate) fn write_file_header<W: std::io::Write>(self, writer: &mut W) -> std::io::Result<()> {
+    pub(crate) fn write_file_header<W: std::io::Write>(
+        self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
         writer.write_all(&MAGIC_BYTES)?;
         writer.write_u8(u8::from(self))?;
         Ok(())
@@ -111,7 +114,9 @@ mod tests {
     #[expect(clippy::expect_used)]
     pub fn version_serde_round_trip() {
         let mut buf = vec![];
-        FormatVersion::V1.write_file_header(&mut buf).expect("can't fail");
+        FormatVersion::V1
+            .write_file_header(&mut buf)
+            .expect("can't fail");
 
         let version = FormatVersion::parse_file_header(&buf);
         assert_eq!(version, Some(FormatVersion::V1));
@@ -121,7 +126,9 @@ mod tests {
     #[expect(clippy::expect_used)]
     pub fn version_len() {
         let mut buf = vec![];
-        FormatVersion::V1.write_file_header(&mut buf).expect("can't fail");
+        FormatVersion::V1
+            .write_file_header(&mut buf)
+            .expect("can't fail");
         assert_eq!(4, buf.len());
     }
 }

@@ -3,8 +3,8 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    compaction::worker::run as run_compaction, flush::worker::run as run_flush, poison::PoisonDart, stats::Stats,
-    supervisor::Supervisor, Keyspace,
+    compaction::worker::run as run_compaction, flush::worker::run as run_flush, poison::PoisonDart,
+    stats::Stats, supervisor::Supervisor, Keyspace,
 };
 use lsm_tree::MemtableId;
 use std::{
@@ -73,47 +73,49 @@ impl WorkerPool {
         log::debug!("Starting worker pool with {pool_size} threads");
 
         let thread_handles = claim_and_spawn(pool_size, thread_counter, |i| {
-            std::thread::Builder::new().name("fjall:worker".to_string()).spawn({
-                log::trace!("Starting fjall worker thread #{i}");
+            std::thread::Builder::new()
+                .name("fjall:worker".to_string())
+                .spawn({
+                    log::trace!("Starting fjall worker thread #{i}");
 
-                let worker_state = WorkerState {
-                    pool_size,
-                    worker_id: i,
-                    rx: self.rx.clone(),
-                    supervisor: supervisor.clone(),
-                    stats: stats.clone(),
-                    sender: self.sender.clone(),
-                };
+                    let worker_state = WorkerState {
+                        pool_size,
+                        worker_id: i,
+                        rx: self.rx.clone(),
+                        supervisor: supervisor.clone(),
+                        stats: stats.clone(),
+                        sender: self.sender.clone(),
+                    };
 
-                let thread_counter = thread_counter.clone();
-                let poison_dart = poison_dart.clone();
+                    let thread_counter = thread_counter.clone();
+                    let poison_dart = poison_dart.clone();
 
-                move || {
-                    // The counter must drop on *every* way out of this
-                    // thread, not just the graceful one: `Database::drop`
-                    // spins on it (`while counter > 0`), so a worker that
-                    // returns an error or unwinds would keep the database
-                    // closing forever.
-                    let _counter_guard = ActiveThreadGuard(thread_counter);
-                    crate::background_thread_started();
+                    move || {
+                        // The counter must drop on *every* way out of this
+                        // thread, not just the graceful one: `Database::drop`
+                        // spins on it (`while counter > 0`), so a worker that
+                        // returns an error or unwinds would keep the database
+                        // closing forever.
+                        let _counter_guard = ActiveThreadGuard(thread_counter);
+                        crate::background_thread_started();
 
-                    loop {
-                        match worker_tick(&worker_state) {
-                            Ok(should_abort) => {
-                                if should_abort {
-                                    log::debug!("Worker #{i} closes because DB is dropping");
-                                    return Ok(());
+                        loop {
+                            match worker_tick(&worker_state) {
+                                Ok(should_abort) => {
+                                    if should_abort {
+                                        log::debug!("Worker #{i} closes because DB is dropping");
+                                        return Ok(());
+                                    }
                                 }
-                            }
-                            Err(e) => {
-                                log::error!("Worker #{i} crashed: {e:?}");
-                                poison_dart.poison();
-                                return Err(e);
+                                Err(e) => {
+                                    log::error!("Worker #{i} crashed: {e:?}");
+                                    poison_dart.poison();
+                                    return Err(e);
+                                }
                             }
                         }
                     }
-                }
-            })
+                })
         })?;
 
         *self.thread_handles.lock().expect("lock is poisoned") = thread_handles;
@@ -196,7 +198,11 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
 
                 if journal_writer.pos()? > 64_000_000 {
                     #[expect(clippy::expect_used)]
-                    let mut journal_manager = ctx.supervisor.journal_manager.write().expect("lock is poisoned");
+                    let mut journal_manager = ctx
+                        .supervisor
+                        .journal_manager
+                        .write()
+                        .expect("lock is poisoned");
 
                     let seqno_map = {
                         #[expect(clippy::expect_used)]
@@ -207,11 +213,17 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
 
                     journal_manager.rotate_journal(&mut journal_writer, seqno_map)?;
 
-                    if journal_manager.disk_space_used() >= ctx.supervisor.db_config.max_journaling_size_in_bytes {
-                        let stragglers = journal_manager.get_keyspaces_to_flush_for_oldest_journal_eviction();
+                    if journal_manager.disk_space_used()
+                        >= ctx.supervisor.db_config.max_journaling_size_in_bytes
+                    {
+                        let stragglers =
+                            journal_manager.get_keyspaces_to_flush_for_oldest_journal_eviction();
 
                         for keyspace in stragglers {
-                            log::info!("Rotating {:?} to try to reduce journal size", keyspace.name,);
+                            log::info!(
+                                "Rotating {:?} to try to reduce journal size",
+                                keyspace.name,
+                            );
                             keyspace.request_rotation();
                         }
                     }
@@ -229,7 +241,9 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
             )?;
 
             for _ in 0..ctx.pool_size {
-                ctx.sender.try_send(WorkerMessage::Compact(task.keyspace.clone())).ok();
+                ctx.sender
+                    .try_send(WorkerMessage::Compact(task.keyspace.clone()))
+                    .ok();
             }
 
             ctx.supervisor
@@ -287,7 +301,9 @@ mod tests {
         }
 
         {
-            let db = Database::builder(&folder).worker_threads_unchecked(0).open()?;
+            let db = Database::builder(&folder)
+                .worker_threads_unchecked(0)
+                .open()?;
 
             assert_eq!(
                 1,
@@ -309,7 +325,8 @@ mod tests {
     fn claim_and_spawn_claims_one_slot_per_worker() {
         let counter = Arc::new(AtomicUsize::new(0));
 
-        let handles = claim_and_spawn(3, &counter, |i| Ok::<_, std::io::Error>(i)).expect("all spawns succeed");
+        let handles = claim_and_spawn(3, &counter, |i| Ok::<_, std::io::Error>(i))
+            .expect("all spawns succeed");
 
         assert_eq!(handles, vec![0, 1, 2]);
         assert_eq!(counter.load(Relaxed), 3);

@@ -3,8 +3,8 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    iter_guard::IterGuardImpl, table::Table, version::Version, vlog::BlobFile, AnyTree, BlobTree, Config, Guard,
-    InternalValue, KvPair, Memtable, SeqNo, TableId, Tree, UserKey, UserValue,
+    iter_guard::IterGuardImpl, table::Table, version::Version, vlog::BlobFile, AnyTree, BlobTree,
+    Config, Guard, InternalValue, KvPair, Memtable, SeqNo, TableId, Tree, UserKey, UserValue,
 };
 use std::{
     ops::RangeBounds,
@@ -71,7 +71,11 @@ pub trait AbstractTree {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn flush(&self, _lock: &MutexGuard<'_, ()>, seqno_threshold: SeqNo) -> crate::Result<Option<u64>> {
+    fn flush(
+        &self,
+        _lock: &MutexGuard<'_, ()>,
+        seqno_threshold: SeqNo,
+    ) -> crate::Result<Option<u64>> {
         use crate::{compaction::stream::CompactionStream, merge::Merger};
 
         let version_history = self.get_version_history_lock();
@@ -81,7 +85,11 @@ pub trait AbstractTree {
             return Ok(None);
         }
 
-        let sealed_ids = latest.sealed_memtables.iter().map(|mt| mt.id).collect::<Vec<_>>();
+        let sealed_ids = latest
+            .sealed_memtables
+            .iter()
+            .map(|mt| mt.id)
+            .collect::<Vec<_>>();
 
         log::debug!("Flushing sealed memtables {sealed_ids:?} to table(s)");
 
@@ -93,7 +101,11 @@ pub trait AbstractTree {
         // its rotation) is already one sorted stream; a merger of one source would only
         // move every item through its heap.
         let flushed = if latest.sealed_memtables.len() == 1 {
-            let only = latest.sealed_memtables.iter().next().expect("one sealed memtable");
+            let only = latest
+                .sealed_memtables
+                .iter()
+                .next()
+                .expect("one sealed memtable");
             self.flush_to_tables(CompactionStream::new(only.iter().map(Ok), seqno_threshold))?
         } else {
             let merger = Merger::new(
@@ -107,7 +119,13 @@ pub trait AbstractTree {
         };
 
         if let Some((tables, blob_files)) = flushed {
-            self.register_tables(&tables, blob_files.as_deref(), None, &sealed_ids, seqno_threshold)?;
+            self.register_tables(
+                &tables,
+                blob_files.as_deref(),
+                None,
+                &sealed_ids,
+                seqno_threshold,
+            )?;
         }
 
         Ok(Some(flushed_size))
@@ -403,7 +421,11 @@ pub trait AbstractTree {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn first_key_value(&self, seqno: SeqNo, index: Option<(Arc<Memtable>, SeqNo)>) -> Option<IterGuardImpl> {
+    fn first_key_value(
+        &self,
+        seqno: SeqNo,
+        index: Option<(Arc<Memtable>, SeqNo)>,
+    ) -> Option<IterGuardImpl> {
         self.iter(seqno, index).next()
     }
 
@@ -432,7 +454,11 @@ pub trait AbstractTree {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn last_key_value(&self, seqno: SeqNo, index: Option<(Arc<Memtable>, SeqNo)>) -> Option<IterGuardImpl> {
+    fn last_key_value(
+        &self,
+        seqno: SeqNo,
+        index: Option<(Arc<Memtable>, SeqNo)>,
+    ) -> Option<IterGuardImpl> {
         self.iter(seqno, index).next_back()
     }
 
@@ -528,7 +554,12 @@ pub trait AbstractTree {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn insert<K: Into<UserKey>, V: Into<UserValue>>(&self, key: K, value: V, seqno: SeqNo) -> (u64, u64);
+    fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &self,
+        key: K,
+        value: V,
+        seqno: SeqNo,
+    ) -> (u64, u64);
 
     /// Removes an item from the tree.
     ///

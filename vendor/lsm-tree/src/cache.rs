@@ -132,7 +132,12 @@ impl Cache {
     }
 
     #[doc(hidden)]
-    pub fn insert_blob(&self, vlog_id: crate::TreeId, vhandle: &crate::vlog::ValueHandle, value: UserValue) {
+    pub fn insert_blob(
+        &self,
+        vlog_id: crate::TreeId,
+        vhandle: &crate::vlog::ValueHandle,
+        value: UserValue,
+    ) {
         self.data.insert(
             (TAG_BLOB, vlog_id, vhandle.blob_file_id, vhandle.offset).into(),
             Item::Blob(value),
@@ -141,7 +146,11 @@ impl Cache {
 
     #[doc(hidden)]
     #[must_use]
-    pub fn get_blob(&self, vlog_id: crate::TreeId, vhandle: &crate::vlog::ValueHandle) -> Option<UserValue> {
+    pub fn get_blob(
+        &self,
+        vlog_id: crate::TreeId,
+        vhandle: &crate::vlog::ValueHandle,
+    ) -> Option<UserValue> {
         let key: CacheKey = (TAG_BLOB, vlog_id, vhandle.blob_file_id, vhandle.offset).into();
 
         Some(match self.data.get(&key)? {

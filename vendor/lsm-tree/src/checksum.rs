@@ -48,7 +48,10 @@ impl Checksum {
         if self.0 == expected.0 {
             Ok(())
         } else {
-            Err(crate::Error::ChecksumMismatch { expected, got: *self })
+            Err(crate::Error::ChecksumMismatch {
+                expected,
+                got: *self,
+            })
         }
     }
 }

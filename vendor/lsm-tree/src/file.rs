@@ -50,10 +50,7 @@ pub fn read_exact(file: &File, offset: u64, size: usize) -> std::io::Result<Slic
         if bytes_read != size {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "read_exact({bytes_read}) at {offset} did not read enough bytes {size}; file has length {}",
-                    file.metadata()?.len()
-                ),
+                format!("read_exact({bytes_read}) at {offset} did not read enough bytes {size}; file has length {}", file.metadata()?.len()),
             ));
         }
     }
@@ -113,7 +110,10 @@ pub fn persist_temp_file(temp_file: tempfile::NamedTempFile, path: &Path) -> std
 
 /// Atomically rewrites a file.
 pub fn rewrite_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    #[expect(clippy::expect_used, reason = "every file should have a parent directory")]
+    #[expect(
+        clippy::expect_used,
+        reason = "every file should have a parent directory"
+    )]
     let folder = path.parent().expect("should have a parent");
 
     let mut temp_file = tempfile::NamedTempFile::new_in(folder)?;
@@ -128,7 +128,10 @@ pub fn rewrite_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
         let file = std::fs::File::open(path)?;
         file.sync_all()?;
 
-        #[expect(clippy::expect_used, reason = "files should always have a parent directory")]
+        #[expect(
+            clippy::expect_used,
+            reason = "files should always have a parent directory"
+        )]
         let folder = path.parent().expect("should have parent folder");
         fsync_directory(folder)?;
     }

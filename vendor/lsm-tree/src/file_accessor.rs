@@ -45,7 +45,9 @@ impl FileAccessor {
     pub fn access_for_blob_file(&self, table_id: &GlobalTableId) -> Option<Arc<File>> {
         match self {
             Self::File(fd) => Some(fd.clone()),
-            Self::DescriptorTable(descriptor_table) => descriptor_table.access_for_blob_file(table_id),
+            Self::DescriptorTable(descriptor_table) => {
+                descriptor_table.access_for_blob_file(table_id)
+            }
         }
     }
 

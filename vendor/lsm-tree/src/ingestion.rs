@@ -2,7 +2,9 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use crate::{blob_tree::ingest::BlobIngestion, tree::ingest::Ingestion, AnyTree, UserKey, UserValue};
+use crate::{
+    blob_tree::ingest::BlobIngestion, tree::ingest::Ingestion, AnyTree, UserKey, UserValue,
+};
 
 /// Unified ingestion builder over `AnyTree`
 // Keep zero allocations and direct dispatch; boxing introduces heap indirection and `dyn` adds virtual dispatch.
@@ -23,7 +25,11 @@ impl AnyIngestion<'_> {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub fn write<K: Into<UserKey>, V: Into<UserValue>>(&mut self, key: K, value: V) -> crate::Result<()> {
+    pub fn write<K: Into<UserKey>, V: Into<UserValue>>(
+        &mut self,
+        key: K,
+        value: V,
+    ) -> crate::Result<()> {
         match self {
             Self::Standard(i) => i.write(key.into(), value.into()),
             Self::Blob(b) => b.write(key.into(), value.into()),

@@ -1,4 +1,6 @@
-use crate::{blob_tree::Guard as BlobGuard, tree::Guard as StandardGuard, KvPair, UserKey, UserValue};
+use crate::{
+    blob_tree::Guard as BlobGuard, tree::Guard as StandardGuard, KvPair, UserKey, UserValue,
+};
 use enum_dispatch::enum_dispatch;
 
 /// Guard to access key-value pairs
@@ -12,7 +14,10 @@ pub trait IterGuard {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    fn into_inner_if(self, pred: impl Fn(&UserKey) -> bool) -> crate::Result<(UserKey, Option<UserValue>)>;
+    fn into_inner_if(
+        self,
+        pred: impl Fn(&UserKey) -> bool,
+    ) -> crate::Result<(UserKey, Option<UserValue>)>;
 
     /// Accesses the key-value pair.
     ///

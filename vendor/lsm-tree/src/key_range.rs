@@ -156,7 +156,11 @@ mod tests {
 
     #[test]
     fn key_range_aggregate_1() {
-        let ranges = [int_key_range(2, 4), int_key_range(0, 4), int_key_range(7, 10)];
+        let ranges = [
+            int_key_range(2, 4),
+            int_key_range(0, 4),
+            int_key_range(7, 10),
+        ];
         let aggregated = KeyRange::aggregate(ranges.iter());
         let (min, max) = aggregated.as_tuple();
         assert_eq!([0, 0, 0, 0, 0, 0, 0, 0], &**min);
@@ -165,7 +169,11 @@ mod tests {
 
     #[test]
     fn key_range_aggregate_2() {
-        let ranges = [int_key_range(6, 7), int_key_range(0, 2), int_key_range(0, 10)];
+        let ranges = [
+            int_key_range(6, 7),
+            int_key_range(0, 2),
+            int_key_range(0, 10),
+        ];
         let aggregated = KeyRange::aggregate(ranges.iter());
         let (min, max) = aggregated.as_tuple();
         assert_eq!([0, 0, 0, 0, 0, 0, 0, 0], &**min);

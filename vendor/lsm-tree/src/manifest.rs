@@ -17,7 +17,10 @@ impl Manifest {
         let toc = reader.toc();
 
         let version = {
-            #[expect(clippy::expect_used, reason = "format_version section must exist in manifest")]
+            #[expect(
+                clippy::expect_used,
+                reason = "format_version section must exist in manifest"
+            )]
             let section = toc
                 .section(b"format_version")
                 .expect("format_version section should exist in manifest");
@@ -28,7 +31,10 @@ impl Manifest {
         };
 
         let tree_type = {
-            #[expect(clippy::expect_used, reason = "tree_type section must exist in manifest")]
+            #[expect(
+                clippy::expect_used,
+                reason = "tree_type section must exist in manifest"
+            )]
             let section = toc
                 .section(b"tree_type")
                 .expect("tree_type section should exist in manifest");
@@ -41,7 +47,10 @@ impl Manifest {
         };
 
         let level_count = {
-            #[expect(clippy::expect_used, reason = "level_count section must exist in manifest")]
+            #[expect(
+                clippy::expect_used,
+                reason = "level_count section must exist in manifest"
+            )]
             let section = toc
                 .section(b"level_count")
                 .expect("level_count section should exist in manifest");
@@ -55,12 +64,18 @@ impl Manifest {
 
         {
             let filter_hash_type = {
-                #[expect(clippy::expect_used, reason = "filter_hash_type section must exist in manifest")]
+                #[expect(
+                    clippy::expect_used,
+                    reason = "filter_hash_type section must exist in manifest"
+                )]
                 let section = toc
                     .section(b"filter_hash_type")
                     .expect("filter_hash_type section should exist in manifest");
 
-                section.buf_reader(path)?.bytes().collect::<Result<Vec<_>, _>>()?
+                section
+                    .buf_reader(path)?
+                    .bytes()
+                    .collect::<Result<Vec<_>, _>>()?
             };
 
             // Only one supported right now (and probably forever)

@@ -50,7 +50,10 @@ pub struct Metrics {
     pub(crate) filter_block_io_requested: AtomicU64,
 }
 
-#[expect(clippy::cast_precision_loss, reason = "metrics can accept precision loss")]
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "metrics can accept precision loss"
+)]
 impl Metrics {
     /// Returns the cache hit rate for file descriptors in percent (0.0 - 1.0).
     pub fn table_file_cache_hit_rate(&self) -> f64 {

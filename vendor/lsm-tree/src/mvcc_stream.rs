@@ -24,10 +24,13 @@ impl<I: DoubleEndedIterator<Item = crate::Result<InternalValue>>> MvccStream<I> 
     // Drains all entries for the given user key from the front of the iterator.
     fn drain_key_min(&mut self, key: &UserKey) -> crate::Result<()> {
         loop {
-            let Some(next) = self
-                .inner
-                .next_if(|kv| if let Ok(kv) = kv { kv.key.user_key == key } else { true })
-            else {
+            let Some(next) = self.inner.next_if(|kv| {
+                if let Ok(kv) = kv {
+                    kv.key.user_key == key
+                } else {
+                    true
+                }
+            }) else {
                 return Ok(());
             };
 
@@ -49,7 +52,9 @@ impl<I: DoubleEndedIterator<Item = crate::Result<InternalValue>>> Iterator for M
     }
 }
 
-impl<I: DoubleEndedIterator<Item = crate::Result<InternalValue>>> DoubleEndedIterator for MvccStream<I> {
+impl<I: DoubleEndedIterator<Item = crate::Result<InternalValue>>> DoubleEndedIterator
+    for MvccStream<I>
+{
     fn next_back(&mut self) -> Option<Self::Item> {
         loop {
             let tail = fail_iter!(self.inner.next_back()?);
@@ -57,7 +62,10 @@ impl<I: DoubleEndedIterator<Item = crate::Result<InternalValue>>> DoubleEndedIte
             let prev = match self.inner.peek_back() {
                 Some(Ok(prev)) => prev,
                 Some(Err(_)) => {
-                    #[expect(clippy::expect_used, reason = "we just asserted, the peeked value is an error")]
+                    #[expect(
+                        clippy::expect_used,
+                        reason = "we just asserted, the peeked value is an error"
+                    )]
                     return Some(Err(self
                         .inner
                         .next_back()
@@ -109,7 +117,10 @@ mod tests {
     macro_rules! iter_closed {
         ($iter:expr) => {
             assert!($iter.next().is_none(), "iterator should be closed (done)");
-            assert!($iter.next_back().is_none(), "iterator should be closed (done)");
+            assert!(
+                $iter.next_back().is_none(),
+                "iterator should be closed (done)"
+            );
         };
     }
 
@@ -134,7 +145,12 @@ mod tests {
     fn mvcc_stream_error() -> crate::Result<()> {
         {
             let vec = [
-                Ok(InternalValue::from_components("a", "new", 999, ValueType::Value)),
+                Ok(InternalValue::from_components(
+                    "a",
+                    "new",
+                    999,
+                    ValueType::Value,
+                )),
                 Err(crate::Error::Io(std::io::Error::other("test error"))),
             ];
 
@@ -149,14 +165,22 @@ mod tests {
 
         {
             let vec = [
-                Ok(InternalValue::from_components("a", "new", 999, ValueType::Value)),
+                Ok(InternalValue::from_components(
+                    "a",
+                    "new",
+                    999,
+                    ValueType::Value,
+                )),
                 Err(crate::Error::Io(std::io::Error::other("test error"))),
             ];
 
             let iter = Box::new(vec.into_iter());
             let mut iter = MvccStream::new(iter);
 
-            assert!(matches!(iter.next_back().unwrap(), Err(crate::Error::Io(_))));
+            assert!(matches!(
+                iter.next_back().unwrap(),
+                Err(crate::Error::Io(_))
+            ));
             assert_eq!(
                 InternalValue::from_components(*b"a", *b"new", 999, ValueType::Value),
                 iter.next_back().unwrap()?,

@@ -96,14 +96,24 @@ impl DoubleEndedIterator for TreeIter {
 }
 
 impl TreeIter {
-    pub fn create_range<K: AsRef<[u8]>, R: RangeBounds<K>>(guard: IterState, range: R, seqno: SeqNo) -> Self {
+    pub fn create_range<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        guard: IterState,
+        range: R,
+        seqno: SeqNo,
+    ) -> Self {
         Self::new(guard, |lock| {
             let lo = match range.start_bound() {
                 // NOTE: See memtable.rs for range explanation
-                Bound::Included(key) => {
-                    Bound::Included(InternalKey::new(key.as_ref(), SeqNo::MAX, crate::ValueType::Tombstone))
-                }
-                Bound::Excluded(key) => Bound::Excluded(InternalKey::new(key.as_ref(), 0, crate::ValueType::Tombstone)),
+                Bound::Included(key) => Bound::Included(InternalKey::new(
+                    key.as_ref(),
+                    SeqNo::MAX,
+                    crate::ValueType::Tombstone,
+                )),
+                Bound::Excluded(key) => Bound::Excluded(InternalKey::new(
+                    key.as_ref(),
+                    0,
+                    crate::ValueType::Tombstone,
+                )),
                 Bound::Unbounded => Bound::Unbounded,
             };
 
@@ -122,10 +132,14 @@ impl TreeIter {
                 // abcdef -> 6
                 // abcdef -> 5
                 //
-                Bound::Included(key) => Bound::Included(InternalKey::new(key.as_ref(), 0, crate::ValueType::Value)),
-                Bound::Excluded(key) => {
-                    Bound::Excluded(InternalKey::new(key.as_ref(), SeqNo::MAX, crate::ValueType::Value))
+                Bound::Included(key) => {
+                    Bound::Included(InternalKey::new(key.as_ref(), 0, crate::ValueType::Value))
                 }
+                Bound::Excluded(key) => Bound::Excluded(InternalKey::new(
+                    key.as_ref(),
+                    SeqNo::MAX,
+                    crate::ValueType::Value,
+                )),
                 Bound::Unbounded => Bound::Unbounded,
             };
 
@@ -133,7 +147,12 @@ impl TreeIter {
 
             let mut iters: Vec<BoxedIterator<'_>> = Vec::with_capacity(5);
 
-            for run in lock.version.version.iter_levels().flat_map(|lvl| lvl.iter()) {
+            for run in lock
+                .version
+                .version
+                .iter_levels()
+                .flat_map(|lvl| lvl.iter())
+            {
                 match run.len() {
                     0 => {
                         // Do nothing
@@ -181,7 +200,8 @@ impl TreeIter {
                 let iter = memtable.range(range.clone());
 
                 iters.push(Box::new(
-                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno)).map(Ok),
+                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno))
+                        .map(Ok),
                 ));
             }
 
@@ -190,7 +210,8 @@ impl TreeIter {
                 let iter = lock.version.active_memtable.range(range.clone());
 
                 iters.push(Box::new(
-                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno)).map(Ok),
+                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno))
+                        .map(Ok),
                 ));
             }
 

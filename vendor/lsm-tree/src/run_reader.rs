@@ -19,7 +19,10 @@ pub struct RunReader {
 
 impl RunReader {
     #[must_use]
-    pub fn new<R: RangeBounds<UserKey> + Clone + Send + 'static>(run: Arc<Run<Table>>, range: R) -> Option<Self> {
+    pub fn new<R: RangeBounds<UserKey> + Clone + Send + 'static>(
+        run: Arc<Run<Table>>,
+        range: R,
+    ) -> Option<Self> {
         assert!(!run.is_empty(), "level reader cannot read empty level");
 
         let (lo, hi) = run.range_overlap_indexes(&range)?;
@@ -37,13 +40,19 @@ impl RunReader {
         let hi = hi.unwrap_or(run.len() - 1);
 
         // TODO: lazily init readers?
-        #[expect(clippy::expect_used, reason = "we trust the caller to pass valid indexes")]
+        #[expect(
+            clippy::expect_used,
+            reason = "we trust the caller to pass valid indexes"
+        )]
         let lo_table = run.deref().get(lo).expect("should exist");
         let lo_reader = lo_table.range(range.clone());
 
         // TODO: lazily init readers?
         let hi_reader = if hi > lo {
-            #[expect(clippy::expect_used, reason = "we trust the caller to pass valid indexes")]
+            #[expect(
+                clippy::expect_used,
+                reason = "we trust the caller to pass valid indexes"
+            )]
             let hi_table = run.deref().get(hi).expect("should exist");
             Some(hi_table.range(range))
         } else {
@@ -145,7 +154,12 @@ mod tests {
         )
         .open()?;
 
-        let ids = [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"], ["j", "k", "l"]];
+        let ids = [
+            ["a", "b", "c"],
+            ["d", "e", "f"],
+            ["g", "h", "i"],
+            ["j", "k", "l"],
+        ];
 
         for batch in ids {
             for id in batch {
@@ -154,7 +168,11 @@ mod tests {
             tree.flush_active_memtable(0)?;
         }
 
-        let tables = tree.current_version().iter_tables().cloned().collect::<Vec<_>>();
+        let tables = tree
+            .current_version()
+            .iter_tables()
+            .cloned()
+            .collect::<Vec<_>>();
 
         let level = Arc::new(Run::new(tables).unwrap());
 
@@ -176,7 +194,12 @@ mod tests {
         )
         .open()?;
 
-        let ids = [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"], ["j", "k", "l"]];
+        let ids = [
+            ["a", "b", "c"],
+            ["d", "e", "f"],
+            ["g", "h", "i"],
+            ["j", "k", "l"],
+        ];
 
         for batch in ids {
             for id in batch {
@@ -185,7 +208,11 @@ mod tests {
             tree.flush_active_memtable(0)?;
         }
 
-        let tables = tree.current_version().iter_tables().cloned().collect::<Vec<_>>();
+        let tables = tree
+            .current_version()
+            .iter_tables()
+            .cloned()
+            .collect::<Vec<_>>();
 
         let level = Arc::new(Run::new(tables).unwrap());
 

@@ -16,11 +16,17 @@ pub struct RunScanner {
 }
 
 impl RunScanner {
-    pub fn culled(run: Arc<Run<Table>>, (lo, hi): (Option<usize>, Option<usize>)) -> crate::Result<Self> {
+    pub fn culled(
+        run: Arc<Run<Table>>,
+        (lo, hi): (Option<usize>, Option<usize>),
+    ) -> crate::Result<Self> {
         let lo = lo.unwrap_or_default();
         let hi = hi.unwrap_or(run.len() - 1);
 
-        #[expect(clippy::expect_used, reason = "we trust the caller to pass valid indexes")]
+        #[expect(
+            clippy::expect_used,
+            reason = "we trust the caller to pass valid indexes"
+        )]
         let lo_table = run.get(lo).expect("should exist");
 
         let lo_reader = lo_table.scan()?;
@@ -53,7 +59,8 @@ impl Iterator for RunScanner {
                         clippy::expect_used,
                         reason = "hi is at most equal to the last slot; so because 0 <= lo <= hi, it must be a valid index"
                     )]
-                    let scanner = fail_iter!(self.tables.get(self.lo).expect("should exist").scan());
+                    let scanner =
+                        fail_iter!(self.tables.get(self.lo).expect("should exist").scan());
 
                     self.lo_reader = Some(scanner);
                 }
@@ -81,7 +88,12 @@ mod tests {
         )
         .open()?;
 
-        let ids = [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"], ["j", "k", "l"]];
+        let ids = [
+            ["a", "b", "c"],
+            ["d", "e", "f"],
+            ["g", "h", "i"],
+            ["j", "k", "l"],
+        ];
 
         for batch in ids {
             for id in batch {
@@ -90,7 +102,11 @@ mod tests {
             tree.flush_active_memtable(0)?;
         }
 
-        let tables = tree.current_version().iter_tables().cloned().collect::<Vec<_>>();
+        let tables = tree
+            .current_version()
+            .iter_tables()
+            .cloned()
+            .collect::<Vec<_>>();
 
         let level = Arc::new(Run::new(tables).unwrap());
 

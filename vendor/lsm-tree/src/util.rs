@@ -77,8 +77,14 @@ mod tests {
 
         let range = prefixed_range(prefix, min..=max);
 
-        assert_eq!(range.start_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 5])));
-        assert_eq!(range.end_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 9])));
+        assert_eq!(
+            range.start_bound(),
+            Included(&UserKey::new(&[b'a', b'b', b'c', 5]))
+        );
+        assert_eq!(
+            range.end_bound(),
+            Included(&UserKey::new(&[b'a', b'b', b'c', 9]))
+        );
     }
 
     #[test]
@@ -89,8 +95,14 @@ mod tests {
 
         let range = prefixed_range(prefix, min..max);
 
-        assert_eq!(range.start_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 5])));
-        assert_eq!(range.end_bound(), Excluded(&UserKey::new(&[b'a', b'b', b'c', 9])));
+        assert_eq!(
+            range.start_bound(),
+            Included(&UserKey::new(&[b'a', b'b', b'c', 5]))
+        );
+        assert_eq!(
+            range.end_bound(),
+            Excluded(&UserKey::new(&[b'a', b'b', b'c', 9]))
+        );
     }
 
     #[test]
@@ -100,7 +112,10 @@ mod tests {
 
         let range = prefixed_range(prefix, min..);
 
-        assert_eq!(range.start_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', 5])));
+        assert_eq!(
+            range.start_bound(),
+            Included(&UserKey::new(&[b'a', b'b', b'c', 5]))
+        );
         assert_eq!(range.end_bound(), Excluded(&UserKey::new(b"abd")));
     }
 
@@ -112,7 +127,10 @@ mod tests {
         let range = prefixed_range(prefix, ..max);
 
         assert_eq!(range.start_bound(), Included(&UserKey::new(b"abc")));
-        assert_eq!(range.end_bound(), Excluded(&UserKey::new(&[b'a', b'b', b'c', 9])));
+        assert_eq!(
+            range.end_bound(),
+            Excluded(&UserKey::new(&[b'a', b'b', b'c', 9]))
+        );
     }
 
     #[test]
@@ -123,7 +141,10 @@ mod tests {
         let range = prefixed_range(prefix, ..=max);
 
         assert_eq!(range.start_bound(), Included(&UserKey::new(b"abc")));
-        assert_eq!(range.end_bound(), Included(&UserKey::new(&[b'a', b'b', b'c', u8::MAX])));
+        assert_eq!(
+            range.end_bound(),
+            Included(&UserKey::new(&[b'a', b'b', b'c', u8::MAX]))
+        );
     }
 
     #[test]
@@ -134,7 +155,10 @@ mod tests {
         let range = prefixed_range(prefix, ..max);
 
         assert_eq!(range.start_bound(), Included(&UserKey::new(b"abc")));
-        assert_eq!(range.end_bound(), Excluded(&UserKey::new(&[b'a', b'b', b'c', u8::MAX])));
+        assert_eq!(
+            range.end_bound(),
+            Excluded(&UserKey::new(&[b'a', b'b', b'c', u8::MAX]))
+        );
     }
 
     #[test]

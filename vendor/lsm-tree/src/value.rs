@@ -43,7 +43,10 @@ impl InternalValue {
         let value = value.into();
 
         assert!(!key.user_key.is_empty(), "key may not be empty");
-        assert!(u32::try_from(value.len()).is_ok(), "values can be 2^32 bytes in length");
+        assert!(
+            u32::try_from(value.len()).is_ok(),
+            "values can be 2^32 bytes in length"
+        );
 
         Self { key, value }
     }

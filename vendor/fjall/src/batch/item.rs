@@ -54,8 +54,14 @@ impl Item {
 
         assert!(!k.is_empty());
 
-        assert!(u16::try_from(k.len()).is_ok(), "Keys can be up to 65535 bytes long");
-        assert!(u32::try_from(v.len()).is_ok(), "Values can be up to 2^32 bytes long");
+        assert!(
+            u16::try_from(k.len()).is_ok(),
+            "Keys can be up to 65535 bytes long"
+        );
+        assert!(
+            u32::try_from(v.len()).is_ok(),
+            "Values can be up to 2^32 bytes long"
+        );
 
         Self {
             keyspace,

@@ -65,12 +65,14 @@ impl WriteBatch {
 
     /// Inserts a key-value pair into the batch.
     pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(&mut self, p: &Keyspace, key: K, value: V) {
-        self.data.push(Item::new(p.clone(), key, value, ValueType::Value));
+        self.data
+            .push(Item::new(p.clone(), key, value, ValueType::Value));
     }
 
     /// Removes a key-value pair.
     pub fn remove<K: Into<UserKey>>(&mut self, p: &Keyspace, key: K) {
-        self.data.push(Item::new(p.clone(), key, vec![], ValueType::Tombstone));
+        self.data
+            .push(Item::new(p.clone(), key, vec![], ValueType::Tombstone));
     }
 
     /// Adds a weak tombstone marker for a key.
@@ -113,13 +115,17 @@ impl WriteBatch {
         journal_writer
             .write_batch(self.data.iter(), self.data.len(), batch_seqno)
             .inspect_err(|e| {
-                log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",);
+                log::error!(
+                    "persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",
+                );
                 self.db.is_poisoned.poison();
             })?;
 
         if let Some(mode) = self.durability {
             journal_writer.persist(mode).inspect_err(|e| {
-                log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",);
+                log::error!(
+                    "persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",
+                );
                 self.db.is_poisoned.poison();
             })?;
         }
@@ -129,7 +135,12 @@ impl WriteBatch {
         let mut keyspaces_with_possible_stall = HashSet::new();
 
         #[expect(clippy::expect_used)]
-        let keyspaces = self.db.supervisor.keyspaces.read().expect("lock is poisoned");
+        let keyspaces = self
+            .db
+            .supervisor
+            .keyspaces
+            .read()
+            .expect("lock is poisoned");
 
         let mut batch_size = 0u64;
 

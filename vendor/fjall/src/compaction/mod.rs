@@ -8,7 +8,9 @@ pub use lsm_tree::compaction::{Fifo, Leveled, Levelled};
 
 /// Compaction filter utilities
 pub mod filter {
-    pub use lsm_tree::compaction::filter::{CompactionFilter, Context, Factory, ItemAccessor, Verdict};
+    pub use lsm_tree::compaction::filter::{
+        CompactionFilter, Context, Factory, ItemAccessor, Verdict,
+    };
 
     /// Alias for compaction filter return type
     pub type CompactionFilterResult = lsm_tree::Result<Verdict>;

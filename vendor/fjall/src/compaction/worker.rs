@@ -7,14 +7,21 @@ use lsm_tree::AbstractTree;
 use std::time::Instant;
 
 /// Runs a single run of compaction.
-pub fn run(keyspace: &Keyspace, snapshot_tracker: &SnapshotTracker, stats: &Stats) -> crate::Result<()> {
+pub fn run(
+    keyspace: &Keyspace,
+    snapshot_tracker: &SnapshotTracker,
+    stats: &Stats,
+) -> crate::Result<()> {
     use std::sync::atomic::Ordering::Relaxed;
 
     if keyspace.is_deleted.load(Relaxed) {
         return Ok(());
     }
 
-    log::trace!("Checking compaction strategy for keyspace {:?}", keyspace.name,);
+    log::trace!(
+        "Checking compaction strategy for keyspace {:?}",
+        keyspace.name,
+    );
 
     let strategy = keyspace.config.compaction_strategy.clone();
 

@@ -2,7 +2,10 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use crate::{flush::Task, snapshot_tracker::SnapshotTracker, stats::Stats, write_buffer_manager::WriteBufferManager};
+use crate::{
+    flush::Task, snapshot_tracker::SnapshotTracker, stats::Stats,
+    write_buffer_manager::WriteBufferManager,
+};
 use lsm_tree::AbstractTree;
 
 /// Runs flush logic.
@@ -18,9 +21,13 @@ pub fn run(
 
     let flush_lock = task.keyspace.tree.get_flush_lock();
 
-    match task.keyspace.tree.flush(&flush_lock, gc_watermark).inspect_err(|e| {
-        log::error!("Flush error: {e:?}");
-    })? {
+    match task
+        .keyspace
+        .tree
+        .flush(&flush_lock, gc_watermark)
+        .inspect_err(|e| {
+            log::error!("Flush error: {e:?}");
+        })? {
         Some(flushed_bytes) => {
             write_buffer_manager.free(flushed_bytes);
 

@@ -107,7 +107,9 @@ impl Iterator for JournalBatchReader {
                 Entry::End(expected_checksum) => {
                     if self.batch_counter > 0 {
                         log::error!("Invalid batch: insufficient length");
-                        return Some(Err(JournalRecovery(JournalRecoveryError::InsufficientLength)));
+                        return Some(Err(JournalRecovery(
+                            JournalRecoveryError::InsufficientLength,
+                        )));
                     }
 
                     if !self.is_in_batch {
@@ -123,9 +125,7 @@ impl Iterator for JournalBatchReader {
                     self.checksum_builder = xxhash_rust::xxh3::Xxh3::new();
 
                     if got_checksum != expected_checksum {
-                        log::error!(
-                            "Invalid batch: checksum check failed, expected: {expected_checksum}, got: {got_checksum}"
-                        );
+                        log::error!("Invalid batch: checksum check failed, expected: {expected_checksum}, got: {got_checksum}");
                         return Some(Err(JournalRecovery(JournalRecoveryError::ChecksumMismatch)));
                     }
 

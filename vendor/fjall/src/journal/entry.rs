@@ -193,15 +193,17 @@ impl Entry {
 
                     #[cfg(feature = "lz4")]
                     CompressionType::Lz4 => {
-                        let compressed_value = Slice::from_reader(reader, on_disk_value_len as usize)?;
+                        let compressed_value =
+                            Slice::from_reader(reader, on_disk_value_len as usize)?;
 
                         #[warn(unsafe_code)]
                         let mut value = unsafe { Slice::builder_unzeroed(value_len as usize) };
 
-                        let size = lz4_flex::decompress_into(&compressed_value, &mut value).map_err(|e| {
-                            log::error!("LZ4 decompression failed: {e}");
-                            crate::Error::Decompress(CompressionType::Lz4)
-                        })?;
+                        let size = lz4_flex::decompress_into(&compressed_value, &mut value)
+                            .map_err(|e| {
+                                log::error!("LZ4 decompression failed: {e}");
+                                crate::Error::Decompress(CompressionType::Lz4)
+                            })?;
 
                         if size != value.len() {
                             log::error!("Decompressed size does not match expected value size");

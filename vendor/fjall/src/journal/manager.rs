@@ -28,7 +28,11 @@ pub struct Item {
 
 impl std::fmt::Debug for Item {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "JournalManagerItem {:?} => {:#?}", self.path, self.watermarks)
+        write!(
+            f,
+            "JournalManagerItem {:?} => {:#?}",
+            self.path, self.watermarks
+        )
     }
 }
 
@@ -119,13 +123,21 @@ impl JournalManager {
             // TODO: unit test: check deleted keyspace does not prevent journal eviction
             for item in &item.watermarks {
                 // Only check keyspace seqno if not deleted
-                if !item.keyspace.is_deleted.load(std::sync::atomic::Ordering::Acquire) {
-                    let Some(keyspace_seqno) = item.keyspace.tree.get_highest_persisted_seqno() else {
+                if !item
+                    .keyspace
+                    .is_deleted
+                    .load(std::sync::atomic::Ordering::Acquire)
+                {
+                    let Some(keyspace_seqno) = item.keyspace.tree.get_highest_persisted_seqno()
+                    else {
                         return Ok(());
                     };
 
                     if keyspace_seqno < item.lsn {
-                        log::trace!("Keyspace {:?} not flushed enough to evict journal", item.keyspace.name,);
+                        log::trace!(
+                            "Keyspace {:?} not flushed enough to evict journal",
+                            item.keyspace.name,
+                        );
                         return Ok(());
                     }
                 }

@@ -70,10 +70,7 @@ impl Journal {
 
     /// eventfold patch: see `Config::spare_journals`.
     pub fn with_spare_journals(self, enabled: bool) -> Self {
-        self.writer
-            .lock()
-            .expect("lock is poisoned")
-            .set_spare_journals(enabled);
+        self.writer.lock().expect("lock is poisoned").set_spare_journals(enabled);
         self
     }
 
@@ -90,7 +87,10 @@ impl Journal {
         let folder = path.parent().expect("parent should exist");
 
         std::fs::create_dir_all(folder).inspect_err(|e| {
-            log::error!("Failed to create journal folder at {}: {e:?}", path.display(),);
+            log::error!(
+                "Failed to create journal folder at {}: {e:?}",
+                path.display(),
+            );
         })?;
 
         let writer = Writer::create_new(path)?;

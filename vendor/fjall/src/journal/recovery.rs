@@ -72,7 +72,8 @@ pub fn recover_journals<P: AsRef<Path>>(
 
     Ok(match journal_fragments.pop() {
         Some((_, active)) => RecoveryResult {
-            active: Journal::from_file(active)?.with_compression(compression, compression_threshold),
+            active: Journal::from_file(active)?
+                .with_compression(compression, compression_threshold),
             sealed: journal_fragments,
             was_active_created: false,
         },

@@ -240,7 +240,9 @@ fn journal_truncation_corrupt_bytes() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
+        journal
+            .get_writer()?
+            .write_batch(values.iter(), values.len(), 0)?;
     }
 
     {
@@ -298,7 +300,9 @@ fn journal_truncation_repeating_start_marker() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
+        journal
+            .get_writer()?
+            .write_batch(values.iter(), values.len(), 0)?;
     }
 
     {
@@ -364,7 +368,9 @@ fn journal_truncation_repeating_end_marker() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
+        journal
+            .get_writer()?
+            .write_batch(values.iter(), values.len(), 0)?;
     }
 
     {
@@ -422,7 +428,9 @@ fn journal_truncation_repeating_item_marker() -> crate::Result<()> {
 
     {
         let journal = Journal::create_new(&path)?;
-        journal.get_writer()?.write_batch(values.iter(), values.len(), 0)?;
+        journal
+            .get_writer()?
+            .write_batch(values.iter(), values.len(), 0)?;
     }
 
     {

@@ -4,7 +4,8 @@
 
 use super::entry::{serialize_marker_item, Entry};
 use crate::{
-    batch::item::Item as BatchItem, file::fsync_directory, journal::recovery::JournalId, keyspace::InternalKeyspaceId,
+    batch::item::Item as BatchItem, file::fsync_directory, journal::recovery::JournalId,
+    keyspace::InternalKeyspaceId,
 };
 use lsm_tree::{CompressionType, SeqNo, ValueType};
 use std::{
@@ -84,7 +85,9 @@ pub(crate) mod spare {
         for dirent in std::fs::read_dir(folder)? {
             let p = dirent?.path();
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if (name.ends_with(".jnl.spare") || name.ends_with(".jnl.spare.tmp")) && id_of(&p).is_some_and(|i| i < id) {
+            if (name.ends_with(".jnl.spare") || name.ends_with(".jnl.spare.tmp"))
+                && id_of(&p).is_some_and(|i| i < id)
+            {
                 let _ = std::fs::remove_file(&p);
             }
         }
@@ -175,7 +178,11 @@ impl Writer {
 
         let prev_path = self.path.clone();
 
-        let folder = self.path.parent().expect("should have parent").to_path_buf();
+        let folder = self
+            .path
+            .parent()
+            .expect("should have parent")
+            .to_path_buf();
 
         let Some(basename) = self
             .path
@@ -289,9 +296,12 @@ impl Writer {
             });
         }
 
-        let file = OpenOptions::new().append(true).open(path).inspect_err(|e| {
-            log::error!("Failed to open journal file at {}: {e:?}", path.display());
-        })?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .inspect_err(|e| {
+                log::error!("Failed to open journal file at {}: {e:?}", path.display());
+            })?;
 
         Ok(Self {
             path: path.into(),
@@ -327,21 +337,33 @@ impl Writer {
 
     /// Persists the journal file.
     pub(crate) fn persist(&mut self, mode: PersistMode) -> std::io::Result<()> {
-        log::trace!("Persisting journal at {} with mode={mode:?}", self.path.display(),);
+        log::trace!(
+            "Persisting journal at {} with mode={mode:?}",
+            self.path.display(),
+        );
 
         if self.is_buffer_dirty {
             self.file.flush().inspect_err(|e| {
-                log::error!("Failed to flush journal IO buffers at {}: {e:?}", self.path.display(),);
+                log::error!(
+                    "Failed to flush journal IO buffers at {}: {e:?}",
+                    self.path.display(),
+                );
             })?;
             self.is_buffer_dirty = false;
         }
 
         match mode {
             PersistMode::SyncAll => self.file.get_mut().sync_all().inspect_err(|e| {
-                log::error!("Failed to fsync journal file at {}: {e:?}", self.path.display(),);
+                log::error!(
+                    "Failed to fsync journal file at {}: {e:?}",
+                    self.path.display(),
+                );
             }),
             PersistMode::SyncData => self.file.get_mut().sync_data().inspect_err(|e| {
-                log::error!("Failed to fsyncdata journal file at {}: {e:?}", self.path.display(),);
+                log::error!(
+                    "Failed to fsyncdata journal file at {}: {e:?}",
+                    self.path.display(),
+                );
             }),
             PersistMode::Buffer => Ok(()),
         }
@@ -412,7 +434,11 @@ impl Writer {
         Ok(byte_count)
     }
 
-    pub(crate) fn write_clear(&mut self, keyspace_id: InternalKeyspaceId, seqno: SeqNo) -> crate::Result<usize> {
+    pub(crate) fn write_clear(
+        &mut self,
+        keyspace_id: InternalKeyspaceId,
+        seqno: SeqNo,
+    ) -> crate::Result<usize> {
         self.is_buffer_dirty = true;
 
         let mut hasher = xxhash_rust::xxh3::Xxh3::default();
@@ -468,7 +494,8 @@ impl Writer {
                 &item.key,
                 &item.value,
                 item.value_type,
-                if self.compression_threshold > 0 && item.value.len() >= self.compression_threshold {
+                if self.compression_threshold > 0 && item.value.len() >= self.compression_threshold
+                {
                     self.compression
                 } else {
                     CompressionType::None

@@ -36,7 +36,10 @@ pub type KeyspaceKey = byteview::StrView;
 
 pub type InternalKeyspaceId = u64;
 
-pub fn apply_to_base_config(config: lsm_tree::Config, our_config: &CreateOptions) -> lsm_tree::Config {
+pub fn apply_to_base_config(
+    config: lsm_tree::Config,
+    our_config: &CreateOptions,
+) -> lsm_tree::Config {
     config
         // .level_count(our_config.level_count)
         .data_block_size_policy(our_config.data_block_size_policy.clone())
@@ -111,16 +114,25 @@ impl Drop for KeyspaceInner {
                 Ok(exists) => {
                     if exists {
                         if let Err(e) = std::fs::remove_file(manifest_file) {
-                            log::error!("Failed to cleanup keyspace manifest at {}: {e}", path.display(),);
+                            log::error!(
+                                "Failed to cleanup keyspace manifest at {}: {e}",
+                                path.display(),
+                            );
                         } else {
                             if let Err(e) = std::fs::remove_dir_all(path) {
-                                log::error!("Failed to cleanup deleted keyspace's folder at {}: {e}", path.display(),);
+                                log::error!(
+                                    "Failed to cleanup deleted keyspace's folder at {}: {e}",
+                                    path.display(),
+                                );
                             }
                         }
                     }
                 }
                 Err(e) => {
-                    log::error!("Failed to cleanup keyspace manifest at {}: {e}", path.display(),);
+                    log::error!(
+                        "Failed to cleanup keyspace manifest at {}: {e}",
+                        path.display(),
+                    );
                 }
             }
         }
@@ -232,16 +244,22 @@ impl Keyspace {
 
         let seqno = self.supervisor.seqno.next();
 
-        journal_writer.write_clear(self.id, seqno).inspect_err(|e| {
-            log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",);
-            self.is_poisoned.poison();
-        })?;
-
-        if !self.config.manual_journal_persist {
-            journal_writer.persist(crate::PersistMode::Buffer).inspect_err(|e| {
-                log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
+        journal_writer
+            .write_clear(self.id, seqno)
+            .inspect_err(|e| {
+                log::error!(
+                    "persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}",
+                );
                 self.is_poisoned.poison();
             })?;
+
+        if !self.config.manual_journal_persist {
+            journal_writer
+                .persist(crate::PersistMode::Buffer)
+                .inspect_err(|e| {
+                    log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
+                    self.is_poisoned.poison();
+                })?;
         }
 
         self.tree.clear().inspect_err(|_| {
@@ -313,7 +331,11 @@ impl Keyspace {
     ) -> crate::Result<Self> {
         log::debug!("Creating keyspace {name:?}->{keyspace_id}");
 
-        let base_folder = db.config.path.join(KEYSPACES_FOLDER).join(keyspace_id.to_string());
+        let base_folder = db
+            .config
+            .path
+            .join(KEYSPACES_FOLDER)
+            .join(keyspace_id.to_string());
 
         std::fs::create_dir_all(&base_folder)?;
 
@@ -726,9 +748,9 @@ impl Keyspace {
 
         drop(journal_writer);
 
-        self.supervisor
-            .flush_manager
-            .enqueue(Arc::new(FlushTask { keyspace: self.clone() }));
+        self.supervisor.flush_manager.enqueue(Arc::new(FlushTask {
+            keyspace: self.clone(),
+        }));
 
         self.worker_messager.send(WorkerMessage::Flush).ok();
 
@@ -740,13 +762,21 @@ impl Keyspace {
             self.supervisor.snapshot_tracker.pullup();
             self.supervisor.snapshot_tracker.gc();
 
-            for keyspace in self.supervisor.keyspaces.read().expect("lock is poisoned").values() {
-                if let Err(e) = keyspace
-                    .tree
-                    .get_version_history_lock()
-                    .maintenance(keyspace.path(), self.supervisor.snapshot_tracker.get_seqno_safe_to_gc())
-                {
-                    log::warn!("Version history GC failed for keyspace {:?}: {e:?}", keyspace.name,);
+            for keyspace in self
+                .supervisor
+                .keyspaces
+                .read()
+                .expect("lock is poisoned")
+                .values()
+            {
+                if let Err(e) = keyspace.tree.get_version_history_lock().maintenance(
+                    keyspace.path(),
+                    self.supervisor.snapshot_tracker.get_seqno_safe_to_gc(),
+                ) {
+                    log::warn!(
+                        "Version history GC failed for keyspace {:?}: {e:?}",
+                        keyspace.name,
+                    );
                 }
             }
         }
@@ -796,7 +826,10 @@ impl Keyspace {
         let active_memtable = &latest_version.active_memtable;
 
         self.worker_messager
-            .try_send(WorkerMessage::RotateMemtable(self.clone(), active_memtable.id()))
+            .try_send(WorkerMessage::RotateMemtable(
+                self.clone(),
+                active_memtable.id(),
+            ))
             .ok();
     }
 
@@ -838,8 +871,10 @@ impl Keyspace {
     /// Will return `Err` if an IO error occurs.
     #[doc(hidden)]
     pub fn major_compact(&self) -> crate::Result<()> {
-        self.tree
-            .major_compact(64_000_000, self.supervisor.snapshot_tracker.get_seqno_safe_to_gc())?;
+        self.tree.major_compact(
+            64_000_000,
+            self.supervisor.snapshot_tracker.get_seqno_safe_to_gc(),
+        )?;
 
         // TODO: 3.0.0 ----^
         // compaction strategy needs a method: strategy.table_target_size()
@@ -889,7 +924,11 @@ impl Keyspace {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(&self, key: K, value: V) -> crate::Result<()> {
+    pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &self,
+        key: K,
+        value: V,
+    ) -> crate::Result<()> {
         use std::sync::atomic::Ordering;
 
         if self.is_deleted.load(Ordering::Relaxed) {
@@ -915,10 +954,12 @@ impl Keyspace {
             })?;
 
         if !self.config.manual_journal_persist {
-            journal_writer.persist(crate::PersistMode::Buffer).inspect_err(|e| {
-                log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
-                self.is_poisoned.poison();
-            })?;
+            journal_writer
+                .persist(crate::PersistMode::Buffer)
+                .inspect_err(|e| {
+                    log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
+                    self.is_poisoned.poison();
+                })?;
         }
 
         let (item_size, memtable_size) = self.tree.insert(key, value, seqno);
@@ -987,10 +1028,12 @@ impl Keyspace {
             })?;
 
         if !self.config.manual_journal_persist {
-            journal_writer.persist(crate::PersistMode::Buffer).inspect_err(|e| {
-                log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
-                self.is_poisoned.poison();
-            })?;
+            journal_writer
+                .persist(crate::PersistMode::Buffer)
+                .inspect_err(|e| {
+                    log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
+                    self.is_poisoned.poison();
+                })?;
         }
 
         let (item_size, memtable_size) = self.tree.remove(key, seqno);
@@ -1065,16 +1108,26 @@ impl Keyspace {
         let seqno = self.supervisor.seqno.next();
 
         journal_writer
-            .write_raw(self.id, &key, &[], lsm_tree::ValueType::WeakTombstone, seqno)
+            .write_raw(
+                self.id,
+                &key,
+                &[],
+                lsm_tree::ValueType::WeakTombstone,
+                seqno,
+            )
             .inspect_err(|_| {
                 self.is_poisoned.poison();
             })?;
 
         if !self.config.manual_journal_persist {
-            journal_writer.persist(crate::PersistMode::Buffer).inspect_err(|e| {
-                log::error!("persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}");
-                self.is_poisoned.poison();
-            })?;
+            journal_writer
+                .persist(crate::PersistMode::Buffer)
+                .inspect_err(|e| {
+                    log::error!(
+                        "persist failed, which is a FATAL, and possibly hardware-related, failure: {e:?}"
+                    );
+                    self.is_poisoned.poison();
+                })?;
         }
 
         let (item_size, memtable_size) = self.tree.remove_weak(key, seqno);

@@ -4,14 +4,17 @@
 
 use crate::{
     config::{
-        BlockSizePolicy, BloomConstructionPolicy, CompressionPolicy, FilterPolicy, FilterPolicyEntry, HashRatioPolicy,
-        PartitioningPolicy, PinningPolicy, RestartIntervalPolicy,
+        BlockSizePolicy, BloomConstructionPolicy, CompressionPolicy, FilterPolicy,
+        FilterPolicyEntry, HashRatioPolicy, PartitioningPolicy, PinningPolicy,
+        RestartIntervalPolicy,
     },
     keyspace::{config::DecodeConfig, InternalKeyspaceId},
     meta_keyspace::{encode_config_key, MetaKeyspace},
 };
 use byteorder::ReadBytesExt;
-use lsm_tree::{compaction::Factory as CompactionFilterFactory, CompressionType, KvPair, KvSeparationOptions};
+use lsm_tree::{
+    compaction::Factory as CompactionFilterFactory, CompressionType, KvPair, KvSeparationOptions,
+};
 use std::sync::Arc;
 
 /// Options to configure a keyspace
@@ -146,18 +149,23 @@ impl CreateOptions {
     }
 
     #[expect(clippy::expect_used, clippy::too_many_lines)]
-    pub(crate) fn from_kvs(keyspace_id: InternalKeyspaceId, meta_keyspace: &MetaKeyspace) -> crate::Result<Self> {
+    pub(crate) fn from_kvs(
+        keyspace_id: InternalKeyspaceId,
+        meta_keyspace: &MetaKeyspace,
+    ) -> crate::Result<Self> {
         let blob = meta_keyspace.get_kv_for_config(keyspace_id, "blob")?;
 
         let data_block_compression_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "data_block_compression_policy")?
             .expect("should exist");
-        let data_block_compression_policy = CompressionPolicy::decode(&data_block_compression_policy)?;
+        let data_block_compression_policy =
+            CompressionPolicy::decode(&data_block_compression_policy)?;
 
         let index_block_compression_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "index_block_compression_policy")?
             .expect("should exist");
-        let index_block_compression_policy = CompressionPolicy::decode(&index_block_compression_policy)?;
+        let index_block_compression_policy =
+            CompressionPolicy::decode(&index_block_compression_policy)?;
 
         let data_block_size_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "data_block_size_policy")?
@@ -167,12 +175,14 @@ impl CreateOptions {
         let filter_block_partitioning_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "filter_block_partitioning_policy")?
             .expect("should exist");
-        let filter_block_partitioning_policy = PinningPolicy::decode(&filter_block_partitioning_policy)?;
+        let filter_block_partitioning_policy =
+            PinningPolicy::decode(&filter_block_partitioning_policy)?;
 
         let index_block_partitioning_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "index_block_partitioning_policy")?
             .expect("should exist");
-        let index_block_partitioning_policy = PinningPolicy::decode(&index_block_partitioning_policy)?;
+        let index_block_partitioning_policy =
+            PinningPolicy::decode(&index_block_partitioning_policy)?;
 
         let filter_block_pinning_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "filter_block_pinning_policy")?
@@ -187,12 +197,14 @@ impl CreateOptions {
         let data_block_restart_interval_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "data_block_restart_interval_policy")?
             .expect("should exist");
-        let data_block_restart_interval_policy = RestartIntervalPolicy::decode(&data_block_restart_interval_policy)?;
+        let data_block_restart_interval_policy =
+            RestartIntervalPolicy::decode(&data_block_restart_interval_policy)?;
 
         let index_block_restart_interval_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "index_block_restart_interval_policy")?
             .expect("should exist");
-        let index_block_restart_interval_policy = RestartIntervalPolicy::decode(&index_block_restart_interval_policy)?;
+        let index_block_restart_interval_policy =
+            RestartIntervalPolicy::decode(&index_block_restart_interval_policy)?;
 
         let data_block_hash_ratio_policy = meta_keyspace
             .get_kv_for_config(keyspace_id, "data_block_hash_ratio_policy")?
@@ -252,8 +264,8 @@ impl CreateOptions {
             .get_kv_for_config(keyspace_id, "compaction_strategy")?
             .expect("compaction_strategy should be defined");
 
-        let compaction_strategy_name =
-            std::str::from_utf8(&compaction_strategy_name).expect("compaction_strategy should be UTF-8");
+        let compaction_strategy_name = std::str::from_utf8(&compaction_strategy_name)
+            .expect("compaction_strategy should be UTF-8");
 
         let compaction_strategy = match compaction_strategy_name {
             lsm_tree::compaction::LEVELED_COMPACTION_NAME => {
@@ -388,11 +400,20 @@ impl CreateOptions {
                 "data_block_restart_interval_policy",
                 self.data_block_restart_interval_policy
             ),
-            policy!(keyspace_id, "data_block_size_policy", self.data_block_size_policy),
+            policy!(
+                keyspace_id,
+                "data_block_size_policy",
+                self.data_block_size_policy
+            ),
             {
                 let key = encode_config_key(keyspace_id, "expect_point_read_hits");
 
-                let value = (if self.expect_point_read_hits { [1u8] } else { [0u8] }).into();
+                let value = (if self.expect_point_read_hits {
+                    [1u8]
+                } else {
+                    [0u8]
+                })
+                .into();
 
                 (key, value)
             },
@@ -447,13 +468,19 @@ impl CreateOptions {
 
         match self.compaction_strategy.get_name() {
             "LeveledCompaction" | "FifoCompaction" => {
-                kvs.extend(self.compaction_strategy.get_config().into_iter().map(|(k, v)| {
-                    // TODO: this is a bit stupid right now because we depend on behaviour in lsm-tree
-                    // we should probably make lsm-tree just return a String for the key
-                    let k = std::str::from_utf8(&k).expect("compaction strategy should return UTF-8 key");
+                kvs.extend(
+                    self.compaction_strategy
+                        .get_config()
+                        .into_iter()
+                        .map(|(k, v)| {
+                            // TODO: this is a bit stupid right now because we depend on behaviour in lsm-tree
+                            // we should probably make lsm-tree just return a String for the key
+                            let k = std::str::from_utf8(&k)
+                                .expect("compaction strategy should return UTF-8 key");
 
-                    (encode_config_key(keyspace_id, k), v)
-                }));
+                            (encode_config_key(keyspace_id, k), v)
+                        }),
+                );
             }
             name => {
                 panic!("Invalid/unsupported compaction strategy: {name:?}");
@@ -673,7 +700,10 @@ mod tests {
     #[cfg(not(feature = "lz4"))]
     fn keyspace_opts_compression_none() {
         let mut c = CreateOptions::default();
-        assert_eq!(c.data_block_compression_policy, CompressionPolicy::disabled(),);
+        assert_eq!(
+            c.data_block_compression_policy,
+            CompressionPolicy::disabled(),
+        );
         assert_eq!(c.kv_separation_opts, None);
 
         c = c.with_kv_separation(KvSeparationOptions::default());
@@ -683,8 +713,14 @@ mod tests {
         );
 
         c = c.data_block_compression_policy(CompressionPolicy::disabled());
-        assert_eq!(c.data_block_compression_policy, CompressionPolicy::disabled(),);
-        assert_eq!(c.kv_separation_opts.unwrap().compression, CompressionType::None,);
+        assert_eq!(
+            c.data_block_compression_policy,
+            CompressionPolicy::disabled(),
+        );
+        assert_eq!(
+            c.kv_separation_opts.unwrap().compression,
+            CompressionType::None,
+        );
     }
 
     #[test]
@@ -704,7 +740,10 @@ mod tests {
         assert_eq!(c.kv_separation_opts.as_ref().unwrap().compression, Lz4);
 
         c = c.data_block_compression_policy(CompressionPolicy::disabled());
-        assert_eq!(c.data_block_compression_policy, CompressionPolicy::disabled(),);
+        assert_eq!(
+            c.data_block_compression_policy,
+            CompressionPolicy::disabled(),
+        );
         assert_eq!(c.kv_separation_opts.as_ref().unwrap().compression, Lz4);
     }
 }

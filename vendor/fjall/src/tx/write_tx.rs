@@ -3,8 +3,8 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    batch::item::Item, snapshot_nonce::SnapshotNonce, Database, Guard, HashMap, Iter, Keyspace, OwnedWriteBatch,
-    PersistMode, Readable,
+    batch::item::Item, snapshot_nonce::SnapshotNonce, Database, Guard, HashMap, Iter, Keyspace,
+    OwnedWriteBatch, PersistMode, Readable,
 };
 use lsm_tree::{AbstractTree, InternalValue, Memtable, SeqNo, UserKey, UserValue};
 use std::{ops::RangeBounds, sync::Arc};
@@ -41,7 +41,11 @@ pub(super) struct BaseTransaction {
 }
 
 impl Readable for BaseTransaction {
-    fn get<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<UserValue>> {
+    fn get<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<UserValue>> {
         let keyspace = keyspace.as_ref();
         let key = key.as_ref();
 
@@ -56,7 +60,11 @@ impl Readable for BaseTransaction {
         Ok(res)
     }
 
-    fn contains_key<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<bool> {
+    fn contains_key<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<bool> {
         let keyspace = keyspace.as_ref();
         let key = key.as_ref();
 
@@ -79,7 +87,11 @@ impl Readable for BaseTransaction {
         self.iter(keyspace.as_ref()).next_back()
     }
 
-    fn size_of<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<u32>> {
+    fn size_of<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<u32>> {
         let keyspace = keyspace.as_ref();
         let key = key.as_ref();
 
@@ -101,19 +113,29 @@ impl Readable for BaseTransaction {
 
         let iter = keyspace.tree.iter(
             self.nonce.instant,
-            self.memtables.get(keyspace).cloned().map(|mt| (mt, self.seqno)),
+            self.memtables
+                .get(keyspace)
+                .cloned()
+                .map(|mt| (mt, self.seqno)),
         );
 
         Iter::new(self.nonce.clone(), iter)
     }
 
-    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, keyspace: impl AsRef<Keyspace>, range: R) -> Iter {
+    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        range: R,
+    ) -> Iter {
         let keyspace = keyspace.as_ref();
 
         let iter = keyspace.tree.range(
             range,
             self.nonce.instant,
-            self.memtables.get(keyspace).cloned().map(|mt| (mt, self.seqno)),
+            self.memtables
+                .get(keyspace)
+                .cloned()
+                .map(|mt| (mt, self.seqno)),
         );
 
         Iter::new(self.nonce.clone(), iter)
@@ -125,7 +147,10 @@ impl Readable for BaseTransaction {
         let iter = keyspace.tree.prefix(
             prefix,
             self.nonce.instant,
-            self.memtables.get(keyspace).cloned().map(|mt| (mt, self.seqno)),
+            self.memtables
+                .get(keyspace)
+                .cloned()
+                .map(|mt| (mt, self.seqno)),
         );
 
         Iter::new(self.nonce.clone(), iter)
@@ -155,7 +180,11 @@ impl BaseTransaction {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub(super) fn take<K: Into<UserKey>>(&mut self, keyspace: &Keyspace, key: K) -> crate::Result<Option<UserValue>> {
+    pub(super) fn take<K: Into<UserKey>>(
+        &mut self,
+        keyspace: &Keyspace,
+        key: K,
+    ) -> crate::Result<Option<UserValue>> {
         self.fetch_update(keyspace, key, |_| None)
     }
 
@@ -166,7 +195,10 @@ impl BaseTransaction {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub(super) fn update_fetch<K: Into<UserKey>, F: FnOnce(Option<&UserValue>) -> Option<UserValue>>(
+    pub(super) fn update_fetch<
+        K: Into<UserKey>,
+        F: FnOnce(Option<&UserValue>) -> Option<UserValue>,
+    >(
         &mut self,
         keyspace: &Keyspace,
         key: K,
@@ -195,7 +227,10 @@ impl BaseTransaction {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub(super) fn fetch_update<K: Into<UserKey>, F: FnOnce(Option<&UserValue>) -> Option<UserValue>>(
+    pub(super) fn fetch_update<
+        K: Into<UserKey>,
+        F: FnOnce(Option<&UserValue>) -> Option<UserValue>,
+    >(
         &mut self,
         keyspace: &Keyspace,
         key: K,
@@ -223,7 +258,12 @@ impl BaseTransaction {
     /// Shorter keys and values result in better performance.
     ///
     /// If the key already exists, the item will be overwritten.
-    pub(super) fn insert<K: Into<UserKey>, V: Into<UserValue>>(&mut self, keyspace: &Keyspace, key: K, value: V) {
+    pub(super) fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &mut self,
+        keyspace: &Keyspace,
+        key: K,
+        value: V,
+    ) {
         self.memtables
             .entry(keyspace.clone())
             .or_insert_with(|| Arc::new(Memtable::new(0)))
@@ -347,7 +387,10 @@ mod tests {
 
         env.tree.insert([2u8], [20u8])?;
 
-        let mut tx = BaseTransaction::new(env.db.inner.clone(), env.db.inner().supervisor.snapshot_tracker.open());
+        let mut tx = BaseTransaction::new(
+            env.db.inner.clone(),
+            env.db.inner().supervisor.snapshot_tracker.open(),
+        );
 
         let new = tx.update_fetch(env.tree.inner(), [2u8], |v| {
             v.and_then(|v| v.first().copied()).map(|v| [v + 5].into())

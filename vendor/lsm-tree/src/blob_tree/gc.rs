@@ -3,8 +3,8 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    blob_tree::handle::BlobIndirection, coding::Decode, compaction::stream::DroppedKvCallback, version::BlobFileList,
-    vlog::BlobFileId,
+    blob_tree::handle::BlobIndirection, coding::Decode, compaction::stream::DroppedKvCallback,
+    version::BlobFileList, vlog::BlobFileId,
 };
 
 /// Tracks fragmentation information in a blob file
@@ -117,7 +117,8 @@ impl crate::coding::Decode for FragmentationMap {
         use byteorder::{ReadBytesExt, LE};
 
         let len = reader.read_u32::<LE>()?;
-        let mut map = crate::HashMap::with_capacity_and_hasher(len as usize, rustc_hash::FxBuildHasher);
+        let mut map =
+            crate::HashMap::with_capacity_and_hasher(len as usize, rustc_hash::FxBuildHasher);
 
         for _ in 0..len {
             let id = reader.read_u64::<LE>()?;
@@ -140,7 +141,8 @@ impl DroppedKvCallback for FragmentationMap {
                 clippy::expect_used,
                 reason = "data is read and checked for corruption, so we expect to be able to deserialize BlobIndirection fine"
             )]
-            let vptr = BlobIndirection::decode_from(&mut reader).expect("should parse BlobIndirection");
+            let vptr =
+                BlobIndirection::decode_from(&mut reader).expect("should parse BlobIndirection");
 
             let size = u64::from(vptr.size);
             let on_disk_size = u64::from(vptr.vhandle.on_disk_size);

@@ -3,8 +3,8 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    blob_tree::handle::BlobIndirection, file::BLOBS_FOLDER, table::Table, tree::ingest::Ingestion as TableIngestion,
-    vlog::BlobFileWriter, SeqNo, UserKey, UserValue,
+    blob_tree::handle::BlobIndirection, file::BLOBS_FOLDER, table::Table,
+    tree::ingest::Ingestion as TableIngestion, vlog::BlobFileWriter, SeqNo, UserKey, UserValue,
 };
 
 /// Bulk ingestion for [`BlobTree`]
@@ -74,7 +74,10 @@ impl<'a> BlobIngestion<'a> {
     pub fn write(&mut self, key: UserKey, value: UserValue) -> crate::Result<()> {
         // Check order before any blob I/O to avoid partial writes on failure
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         #[expect(clippy::cast_possible_truncation)]
@@ -111,7 +114,10 @@ impl<'a> BlobIngestion<'a> {
     /// Will return `Err` if an IO error occurs.
     pub fn write_tombstone(&mut self, key: UserKey) -> crate::Result<()> {
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         let cloned_key = key.clone();
@@ -129,7 +135,10 @@ impl<'a> BlobIngestion<'a> {
     /// Will return `Err` if an IO error occurs.
     pub fn write_weak_tombstone(&mut self, key: UserKey) -> crate::Result<()> {
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         let cloned_key = key.clone();
@@ -242,7 +251,9 @@ impl<'a> BlobIngestion<'a> {
             &index.config.path,
             |current| {
                 let mut copy = current.clone();
-                copy.version = copy.version.with_new_l0_run(&created_tables, Some(&blob_files), None);
+                copy.version =
+                    copy.version
+                        .with_new_l0_run(&created_tables, Some(&blob_files), None);
                 Ok(copy)
             },
             global_seqno,

@@ -35,7 +35,10 @@ pub struct Guard {
 }
 
 impl IterGuard for Guard {
-    fn into_inner_if(self, pred: impl Fn(&UserKey) -> bool) -> crate::Result<(UserKey, Option<UserValue>)> {
+    fn into_inner_if(
+        self,
+        pred: impl Fn(&UserKey) -> bool,
+    ) -> crate::Result<(UserKey, Option<UserValue>)> {
         let kv = self.kv?;
 
         if pred(&kv.key.user_key) {
@@ -91,7 +94,13 @@ fn resolve_value_handle(
         let vptr = BlobIndirection::decode_from(&mut cursor)?;
 
         // Resolve indirection using value log
-        match Accessor::new(&version.blob_files).get(tree_id, blobs_folder, &item.key.user_key, &vptr.vhandle, cache) {
+        match Accessor::new(&version.blob_files).get(
+            tree_id,
+            blobs_folder,
+            &item.key.user_key,
+            &vptr.vhandle,
+            cache,
+        ) {
             Ok(Some(v)) => {
                 let k = item.key.user_key;
                 Ok((k, v))
@@ -99,8 +108,7 @@ fn resolve_value_handle(
             Ok(None) => {
                 panic!(
                     "value handle ({:?} => {:?}) did not match any blob - this is a bug; version={}",
-                    item.key.user_key,
-                    vptr.vhandle,
+                    item.key.user_key, vptr.vhandle,
                     version.id(),
                 );
             }
@@ -145,7 +153,10 @@ impl BlobTree {
             .map(|x| x + 1)
             .unwrap_or_default();
 
-        index.0.blob_file_id_counter.set(blob_file_id_to_continue_with);
+        index
+            .0
+            .blob_file_id_counter
+            .set(blob_file_id_to_continue_with);
 
         Ok(Self {
             index,
@@ -163,7 +174,9 @@ impl AbstractTree for BlobTree {
         self.index.table_file_cache_size()
     }
 
-    fn get_version_history_lock(&self) -> std::sync::RwLockWriteGuard<'_, crate::version::SuperVersions> {
+    fn get_version_history_lock(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, crate::version::SuperVersions> {
         self.index.get_version_history_lock()
     }
 
@@ -206,13 +219,15 @@ impl AbstractTree for BlobTree {
         let range = prefix_to_range(prefix.as_ref());
 
         Box::new(
-            crate::Tree::create_internal_range(super_version.clone(), &range, seqno, index).map(move |kv| {
-                IterGuardImpl::Blob(Guard {
-                    tree: tree.clone(),
-                    version: super_version.version.clone(),
-                    kv,
-                })
-            }),
+            crate::Tree::create_internal_range(super_version.clone(), &range, seqno, index).map(
+                move |kv| {
+                    IterGuardImpl::Blob(Guard {
+                        tree: tree.clone(),
+                        version: super_version.version.clone(),
+                        kv,
+                    })
+                },
+            ),
         )
     }
 
@@ -226,13 +241,15 @@ impl AbstractTree for BlobTree {
         let tree = self.clone();
 
         Box::new(
-            crate::Tree::create_internal_range(super_version.clone(), &range, seqno, index).map(move |kv| {
-                IterGuardImpl::Blob(Guard {
-                    tree: tree.clone(),
-                    version: super_version.version.clone(),
-                    kv,
-                })
-            }),
+            crate::Tree::create_internal_range(super_version.clone(), &range, seqno, index).map(
+                move |kv| {
+                    IterGuardImpl::Blob(Guard {
+                        tree: tree.clone(),
+                        version: super_version.version.clone(),
+                        kv,
+                    })
+                },
+            ),
         )
     }
 
@@ -260,7 +277,8 @@ impl AbstractTree for BlobTree {
             &config.path,
             |v| {
                 let mut copy = v.clone();
-                copy.active_memtable = Arc::new(Memtable::new(self.index.memtable_id_counter.next()));
+                copy.active_memtable =
+                    Arc::new(Memtable::new(self.index.memtable_id_counter.next()));
                 copy.sealed_memtables = Arc::default();
                 copy.version = Version::new(v.version.id() + 1, self.tree_type());
                 Ok(copy)
@@ -333,7 +351,10 @@ impl AbstractTree for BlobTree {
         &self,
         stream: impl Iterator<Item = crate::Result<InternalValue>>,
     ) -> crate::Result<Option<(Vec<Table>, Option<Vec<BlobFile>>)>> {
-        use crate::{coding::Encode, file::BLOBS_FOLDER, file::TABLES_FOLDER, table::multi_writer::MultiWriter};
+        use crate::{
+            coding::Encode, file::BLOBS_FOLDER, file::TABLES_FOLDER,
+            table::multi_writer::MultiWriter,
+        };
 
         let start = std::time::Instant::now();
 
@@ -341,8 +362,10 @@ impl AbstractTree for BlobTree {
 
         let data_block_size = self.index.config.data_block_size_policy.get(0);
 
-        let data_block_restart_interval = self.index.config.data_block_restart_interval_policy.get(0);
-        let index_block_restart_interval = self.index.config.index_block_restart_interval_policy.get(0);
+        let data_block_restart_interval =
+            self.index.config.data_block_restart_interval_policy.get(0);
+        let index_block_restart_interval =
+            self.index.config.index_block_restart_interval_policy.get(0);
 
         let data_block_compression = self.index.config.data_block_compression_policy.get(0);
         let index_block_compression = self.index.config.index_block_compression_policy.get(0);
@@ -433,7 +456,8 @@ impl AbstractTree for BlobTree {
                 };
 
                 table_writer.write({
-                    let mut vptr = InternalValue::new(item.key.clone(), indirection.encode_into_vec());
+                    let mut vptr =
+                        InternalValue::new(item.key.clone(), indirection.encode_into_vec());
                     vptr.key.value_type = crate::ValueType::Indirection;
                     vptr
                 })?;
@@ -483,8 +507,13 @@ impl AbstractTree for BlobTree {
         sealed_memtables_to_delete: &[MemtableId],
         gc_watermark: SeqNo,
     ) -> crate::Result<()> {
-        self.index
-            .register_tables(tables, blob_files, frag_map, sealed_memtables_to_delete, gc_watermark)
+        self.index.register_tables(
+            tables,
+            blob_files,
+            frag_map,
+            sealed_memtables_to_delete,
+            gc_watermark,
+        )
     }
 
     fn compact(
@@ -558,7 +587,12 @@ impl AbstractTree for BlobTree {
         self.index.get_highest_persisted_seqno()
     }
 
-    fn insert<K: Into<UserKey>, V: Into<UserValue>>(&self, key: K, value: V, seqno: SeqNo) -> (u64, u64) {
+    fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &self,
+        key: K,
+        value: V,
+        seqno: SeqNo,
+    ) -> (u64, u64) {
         self.index.insert(key, value.into(), seqno)
     }
 
@@ -573,7 +607,8 @@ impl AbstractTree for BlobTree {
             .expect("lock is poisoned")
             .get_version_for_snapshot(seqno);
 
-        let Some(item) = crate::Tree::get_internal_entry_from_version(&super_version, key, seqno)? else {
+        let Some(item) = crate::Tree::get_internal_entry_from_version(&super_version, key, seqno)?
+        else {
             return Ok(None);
         };
 

@@ -4,7 +4,8 @@
 
 use super::{Choice, CompactionStrategy};
 use crate::{
-    compaction::state::CompactionState, config::Config, time::unix_timestamp, version::Version, HashSet, KvPair,
+    compaction::state::CompactionState, config::Config, time::unix_timestamp, version::Version,
+    HashSet, KvPair,
 };
 
 #[doc(hidden)]
@@ -57,7 +58,11 @@ impl CompactionStrategy for Strategy {
             ),
             (
                 crate::UserKey::from("fifo_ttl"),
-                crate::UserValue::from(if self.ttl_seconds.is_some() { [1u8] } else { [0u8] }),
+                crate::UserValue::from(if self.ttl_seconds.is_some() {
+                    [1u8]
+                } else {
+                    [0u8]
+                }),
             ),
             (
                 crate::UserKey::from("fifo_ttl_seconds"),
@@ -101,7 +106,8 @@ impl CompactionStrategy for Strategy {
         let mut alive = Vec::new();
 
         for table in first_level.iter().flat_map(|run| run.iter()) {
-            let expired = ttl_cutoff.is_some_and(|cutoff| u128::from(table.metadata.created_at) <= cutoff);
+            let expired =
+                ttl_cutoff.is_some_and(|cutoff| u128::from(table.metadata.created_at) <= cutoff);
 
             if expired {
                 ids_to_drop.insert(table.id());

@@ -99,7 +99,11 @@ struct AccessorShared<'a> {
 
 impl AccessorShared<'_> {
     /// Fetches a value from the blob store.
-    fn get_indirect_value(&self, user_key: &[u8], vhandle: &ValueHandle) -> crate::Result<Option<UserValue>> {
+    fn get_indirect_value(
+        &self,
+        user_key: &[u8],
+        vhandle: &ValueHandle,
+    ) -> crate::Result<Option<UserValue>> {
         Accessor::new(&self.version.blob_files).get(
             self.opts.tree_id,
             self.blobs_folder,
@@ -144,7 +148,9 @@ impl<'a> ItemAccessor<'a> {
                 let indirection = BlobIndirection::decode_from(&mut reader)?;
                 let vhandle = indirection.vhandle;
 
-                let value = self.shared.get_indirect_value(&self.item.key.user_key, &vhandle)?;
+                let value = self
+                    .shared
+                    .get_indirect_value(&self.item.key.user_key, &vhandle)?;
 
                 if let Some(value) = value {
                     Ok(value)
@@ -198,7 +204,11 @@ impl<'a, 'b: 'a> StreamFilterAdapter<'a, 'b> {
 
     /// Redirects a write to a blob file if KV separation is enabled and
     /// the value meets the separation threshold.
-    fn handle_write(&mut self, prev_key: &InternalKey, new_value: UserValue) -> crate::Result<(ValueType, UserValue)> {
+    fn handle_write(
+        &mut self,
+        prev_key: &InternalKey,
+        new_value: UserValue,
+    ) -> crate::Result<(ValueType, UserValue)> {
         let Some(blob_opts) = self.blob_opts else {
             return Ok((ValueType::Value, new_value));
         };
@@ -221,9 +231,9 @@ impl<'a, 'b: 'a> StreamFilterAdapter<'a, 'b> {
                 self.shared.opts.config.descriptor_table.clone(),
             )?
             .use_target_size(blob_opts.file_target_size)
-            .use_compression(crate::vlog::blob_file::writer::BlobCompression::Standard(
-                blob_opts.compression,
-            ));
+            .use_compression(
+                crate::vlog::blob_file::writer::BlobCompression::Standard(blob_opts.compression),
+            );
 
             self.blob_writer.insert(writer)
         };
@@ -254,7 +264,10 @@ impl<'a, 'b: 'a> StreamFilter for StreamFilterAdapter<'a, 'b> {
         )? {
             Verdict::Destroy => Ok(StreamFilterVerdict::Drop),
             Verdict::Keep => Ok(StreamFilterVerdict::Keep),
-            Verdict::Remove => Ok(StreamFilterVerdict::Replace((ValueType::Tombstone, UserValue::empty()))),
+            Verdict::Remove => Ok(StreamFilterVerdict::Replace((
+                ValueType::Tombstone,
+                UserValue::empty(),
+            ))),
             Verdict::RemoveWeak => Ok(StreamFilterVerdict::Replace((
                 ValueType::WeakTombstone,
                 UserValue::empty(),

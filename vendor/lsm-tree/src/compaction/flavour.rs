@@ -25,7 +25,9 @@ fn drain_blobs<I: Iterator<Item = crate::Result<(ScanEntry, BlobFileId)>>>(
     loop {
         let Some(blob) = scanner.next_if(|x| match x {
             Ok((entry, blob_file_id)) => {
-                entry.key != key || (*blob_file_id != vptr.vhandle.blob_file_id) || (entry.offset < vptr.vhandle.offset)
+                entry.key != key
+                    || (*blob_file_id != vptr.vhandle.blob_file_id)
+                    || (entry.offset < vptr.vhandle.offset)
             }
             Err(_) => true,
         }) else {
@@ -104,7 +106,11 @@ pub(super) fn prepare_table_writer(
             if is_last_level && opts.config.expect_point_read_hits {
                 BloomConstructionPolicy::BitsPerKey(0.0)
             } else {
-                match opts.config.filter_policy.get(usize::from(payload.dest_level)) {
+                match opts
+                    .config
+                    .filter_policy
+                    .get(usize::from(payload.dest_level))
+                {
                     Bloom(policy) => policy,
                     None => BloomConstructionPolicy::BitsPerKey(0.0),
                 }
@@ -174,7 +180,10 @@ impl CompactionFlavour for RelocatingCompaction {
                 item.key.seqno,
             );
 
-            let indirection = if self.rewriting_blob_file_ids.contains(&indirection.vhandle.blob_file_id) {
+            let indirection = if self
+                .rewriting_blob_file_ids
+                .contains(&indirection.vhandle.blob_file_id)
+            {
                 self.drain_blobs(&item.key.user_key, &indirection)?;
 
                 #[expect(clippy::expect_used, reason = "vptr is expected to match with blob")]
@@ -221,12 +230,14 @@ impl CompactionFlavour for RelocatingCompaction {
                     "redirecting blob should not change its size",
                 );
 
-                self.inner.table_writer.write(InternalValue::from_components(
-                    item.key.user_key,
-                    new_indirection.encode_into_vec(),
-                    item.key.seqno,
-                    crate::ValueType::Indirection,
-                ))?;
+                self.inner
+                    .table_writer
+                    .write(InternalValue::from_components(
+                        item.key.user_key,
+                        new_indirection.encode_into_vec(),
+                        item.key.seqno,
+                        crate::ValueType::Indirection,
+                    ))?;
 
                 new_indirection
             } else {
@@ -255,7 +266,10 @@ impl CompactionFlavour for RelocatingCompaction {
         blob_frag_map_diff: FragmentationMap,
         extra_blob_files: Vec<BlobFile>,
     ) -> crate::Result<()> {
-        log::debug!("Relocating compaction done in {:?}", self.inner.start.elapsed(),);
+        log::debug!(
+            "Relocating compaction done in {:?}",
+            self.inner.start.elapsed(),
+        );
 
         let table_ids_to_delete = std::mem::take(&mut self.inner.tables_to_rewrite);
 
@@ -288,7 +302,10 @@ impl CompactionFlavour for RelocatingCompaction {
                         Some(blob_frag_map_diff)
                     },
                     created_blob_files,
-                    &blob_files_to_drop.iter().map(BlobFile::id).collect::<HashSet<_>>(),
+                    &blob_files_to_drop
+                        .iter()
+                        .map(BlobFile::id)
+                        .collect::<HashSet<_>>(),
                 );
 
                 Ok(copy)
@@ -415,7 +432,10 @@ impl CompactionFlavour for StandardCompaction {
                         Some(blob_frag_map)
                     },
                     extra_blob_files,
-                    &blob_files_to_drop.iter().map(BlobFile::id).collect::<HashSet<_>>(),
+                    &blob_files_to_drop
+                        .iter()
+                        .map(BlobFile::id)
+                        .collect::<HashSet<_>>(),
                 );
 
                 Ok(copy)
@@ -446,7 +466,11 @@ mod tests {
     use crate::{vlog::ValueHandle, UserKey, UserValue};
 
     #[expect(clippy::unnecessary_wraps)]
-    fn entry(blob_file_id: BlobFileId, key: &[u8], offset: u64) -> crate::Result<(ScanEntry, BlobFileId)> {
+    fn entry(
+        blob_file_id: BlobFileId,
+        key: &[u8],
+        offset: u64,
+    ) -> crate::Result<(ScanEntry, BlobFileId)> {
         Ok((
             ScanEntry {
                 key: UserKey::from(key),

@@ -3,7 +3,9 @@
 // (found in the LICENSE-* files in the repository)
 
 use super::{Choice, CompactionStrategy, Input as CompactionInput};
-use crate::{compaction::state::CompactionState, config::Config, table::Table, version::Version, HashSet};
+use crate::{
+    compaction::state::CompactionState, config::Config, table::Table, version::Version, HashSet,
+};
 
 /// Compacts all tables into the last level
 pub struct Strategy {
@@ -20,7 +22,9 @@ impl Strategy {
 
 impl Default for Strategy {
     fn default() -> Self {
-        Self { target_size: u64::MAX }
+        Self {
+            target_size: u64::MAX,
+        }
     }
 }
 

@@ -34,7 +34,9 @@ pub use movedown::Strategy as MoveDown;
 #[doc(hidden)]
 pub use pulldown::Strategy as PullDown;
 
-use crate::{compaction::state::CompactionState, config::Config, version::Version, HashSet, KvPair, TableId};
+use crate::{
+    compaction::state::CompactionState, config::Config, version::Version, HashSet, KvPair, TableId,
+};
 
 /// Input for compactor
 ///

@@ -22,7 +22,11 @@ impl CompactionStrategy for Strategy {
             return Choice::DoNothing;
         };
 
-        let table_ids = level.iter().flat_map(|run| run.iter()).map(Table::id).collect();
+        let table_ids = level
+            .iter()
+            .flat_map(|run| run.iter())
+            .map(Table::id)
+            .collect();
 
         Choice::Move(Input {
             table_ids,

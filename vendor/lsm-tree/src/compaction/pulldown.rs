@@ -21,7 +21,9 @@ impl CompactionStrategy for Strategy {
 
     #[expect(clippy::expect_used)]
     fn choose(&self, version: &Version, _: &Config, _: &CompactionState) -> Choice {
-        let level = version.level(usize::from(self.0)).expect("source level should exist");
+        let level = version
+            .level(usize::from(self.0))
+            .expect("source level should exist");
 
         let next_level = version
             .level(usize::from(self.1))

@@ -170,7 +170,10 @@ impl<'a, I: Iterator<Item = Item>, F: StreamFilter + 'a> Iterator for Compaction
 
             if let Some(peeked) = self.inner.peek() {
                 let Ok(peeked) = peeked else {
-                    #[expect(clippy::expect_used, reason = "we just asserted, the peeked value is an error")]
+                    #[expect(
+                        clippy::expect_used,
+                        reason = "we just asserted, the peeked value is an error"
+                    )]
                     return Some(Err(self
                         .inner
                         .next()
@@ -193,8 +196,8 @@ impl<'a, I: Iterator<Item = Item>, F: StreamFilter + 'a> Iterator for Compaction
 
                     // NOTE: If next item is an actual value, and current value is weak tombstone,
                     // drop the tombstone
-                    let drop_weak_tombstone =
-                        peeked.key.value_type == ValueType::Value && head.key.value_type == ValueType::WeakTombstone;
+                    let drop_weak_tombstone = peeked.key.value_type == ValueType::Value
+                        && head.key.value_type == ValueType::WeakTombstone;
 
                     // NOTE: Next item is expired,
                     // so the tail of this user key is entirely expired, so drain it all
@@ -510,7 +513,12 @@ mod tests {
           "a", "", "W",
           "a", "old", "V",
         ];
-        vec.push(InternalValue::from_components("b", "other", 999, ValueType::Value));
+        vec.push(InternalValue::from_components(
+            "b",
+            "other",
+            999,
+            ValueType::Value,
+        ));
 
         let iter = vec.iter().cloned().map(Ok);
         let mut iter = CompactionStream::new(iter, 999);
@@ -615,7 +623,10 @@ mod tests {
                 if value.key.user_key == b"b" {
                     Ok(StreamFilterVerdict::Drop)
                 } else if value.value < self.0 {
-                    Ok(StreamFilterVerdict::Replace((ValueType::Tombstone, UserValue::empty())))
+                    Ok(StreamFilterVerdict::Replace((
+                        ValueType::Tombstone,
+                        UserValue::empty(),
+                    )))
                 } else {
                     Ok(StreamFilterVerdict::Keep)
                 }

@@ -97,7 +97,10 @@ pub fn do_compaction(opts: &Options) -> crate::Result<()> {
     let version_history_lock = opts.version_history.read().expect("lock is poisoned");
 
     let start = Instant::now();
-    log::trace!("Consulting compaction strategy {:?}", opts.strategy.get_name(),);
+    log::trace!(
+        "Consulting compaction strategy {:?}",
+        opts.strategy.get_name(),
+    );
     let choice = opts.strategy.choose(
         &version_history_lock.latest_version().version,
         &opts.config,
@@ -107,7 +110,9 @@ pub fn do_compaction(opts: &Options) -> crate::Result<()> {
     log::debug!("Compaction choice: {choice:?} in {:?}", start.elapsed());
 
     match choice {
-        Choice::Merge(payload) => merge_tables(compaction_state, version_history_lock, opts, &payload),
+        Choice::Merge(payload) => {
+            merge_tables(compaction_state, version_history_lock, opts, &payload)
+        }
         Choice::Move(payload) => {
             drop(version_history_lock);
 
@@ -116,7 +121,11 @@ pub fn do_compaction(opts: &Options) -> crate::Result<()> {
         Choice::Drop(payload) => {
             drop(version_history_lock);
 
-            drop_tables(compaction_state, opts, &payload.into_iter().collect::<Vec<_>>())
+            drop_tables(
+                compaction_state,
+                opts,
+                &payload.into_iter().collect::<Vec<_>>(),
+            )
         }
         Choice::DoNothing => {
             log::trace!("Compactor chose to do nothing");
@@ -126,9 +135,13 @@ pub fn do_compaction(opts: &Options) -> crate::Result<()> {
 }
 
 fn pick_run_indexes(run: &Run<Table>, to_compact: &[TableId]) -> Option<(usize, usize)> {
-    let lo = run.iter().position(|table| to_compact.contains(&table.id()))?;
+    let lo = run
+        .iter()
+        .position(|table| to_compact.contains(&table.id()))?;
 
-    let hi = run.iter().rposition(|table| to_compact.contains(&table.id()))?;
+    let hi = run
+        .iter()
+        .rposition(|table| to_compact.contains(&table.id()))?;
 
     Some((lo, hi))
 }
@@ -147,7 +160,10 @@ fn create_compaction_stream<'a>(
                 continue;
             };
 
-            readers.push(Box::new(RunScanner::culled(run.clone(), (Some(lo), Some(hi)))?));
+            readers.push(Box::new(RunScanner::culled(
+                run.clone(),
+                (Some(lo), Some(hi)),
+            )?));
 
             found += hi - lo + 1;
         } else {
@@ -197,29 +213,35 @@ fn move_tables(
     // `Version::with_moved` asserts that every input table is still present, so committing a
     // stale move would panic while holding both the compaction state mutex and the version
     // history write lock, poisoning them.
-    if table_ids
-        .iter()
-        .any(|&id| version_history_lock.latest_version().version.get_table(id).is_none())
-    {
+    if table_ids.iter().any(|&id| {
+        version_history_lock
+            .latest_version()
+            .version
+            .get_table(id)
+            .is_none()
+    }) {
         log::debug!("{table_ids:?} are not referenced anymore; skipping move");
         return Ok(());
     }
     drop(version_history_lock);
 
-    let ((), mut version_history_lock) = SuperVersions::change_unlocked(&opts.version_history, |versions| {
-        versions.upgrade_version(
-            &opts.config.path,
-            |current| {
-                let mut copy = current.clone();
+    let ((), mut version_history_lock) =
+        SuperVersions::change_unlocked(&opts.version_history, |versions| {
+            versions.upgrade_version(
+                &opts.config.path,
+                |current| {
+                    let mut copy = current.clone();
 
-                copy.version = copy.version.with_moved(&table_ids, payload.dest_level as usize);
+                    copy.version = copy
+                        .version
+                        .with_moved(&table_ids, payload.dest_level as usize);
 
-                Ok(copy)
-            },
-            &opts.global_seqno,
-            &opts.visible_seqno,
-        )
-    })?;
+                    Ok(copy)
+                },
+                &opts.global_seqno,
+                &opts.visible_seqno,
+            )
+        })?;
 
     if let Err(e) = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark) {
         log::error!("Manifest maintenance failed: {e:?}");
@@ -262,7 +284,9 @@ fn pick_blob_files_to_rewrite(
                     panic!("Blob file {} should exist", blob_file_ref.blob_file_id);
                 })
         })
-        .filter(|blob_file| blob_file.is_stale(current_version.gc_stats(), blob_opts.staleness_threshold))
+        .filter(|blob_file| {
+            blob_file.is_stale(current_version.gc_stats(), blob_opts.staleness_threshold)
+        })
         .filter(|blob_file| {
             // NOTE: Dead blob files are dropped anyway during current_version change commit
             !blob_file.is_dead(current_version.gc_stats())
@@ -373,7 +397,9 @@ fn merge_tables(
         opts.mvcc_gc_watermark,
     )?
     else {
-        log::warn!("Compaction task tried to compact tables that do not exist, declining to run it");
+        log::warn!(
+            "Compaction task tried to compact tables that do not exist, declining to run it"
+        );
         return Ok(());
     };
 
@@ -384,7 +410,9 @@ fn merge_tables(
     // That way we don't resurrect data beneath the tombstone
     let is_last_level = payload.dest_level == last_level;
 
-    merge_iter = merge_iter.evict_tombstones(is_last_level).zero_seqnos(false);
+    merge_iter = merge_iter
+        .evict_tombstones(is_last_level)
+        .zero_seqnos(false);
 
     let blobs_folder = opts.config.path.join(BLOBS_FOLDER);
 
@@ -409,7 +437,8 @@ fn merge_tables(
         &filter_ctx,
     ));
 
-    let table_writer = super::flavour::prepare_table_writer(&current_super_version.version, opts, payload)?;
+    let table_writer =
+        super::flavour::prepare_table_writer(&current_super_version.version, opts, payload)?;
 
     let start = Instant::now();
 
@@ -417,17 +446,24 @@ fn merge_tables(
         Some(blob_opts) => {
             merge_iter = merge_iter.with_drop_callback(&mut blob_frag_map);
 
-            let blob_files_to_rewrite =
-                pick_blob_files_to_rewrite(&payload.table_ids, &current_super_version.version, blob_opts)?;
+            let blob_files_to_rewrite = pick_blob_files_to_rewrite(
+                &payload.table_ids,
+                &current_super_version.version,
+                blob_opts,
+            )?;
 
             if blob_files_to_rewrite.is_empty() {
                 log::debug!("No blob relocation needed");
 
-                Box::new(StandardCompaction::new(table_writer, tables)) as Box<dyn super::flavour::CompactionFlavour>
+                Box::new(StandardCompaction::new(table_writer, tables))
+                    as Box<dyn super::flavour::CompactionFlavour>
             } else {
                 log::debug!(
                     "Relocate blob files: {:?}",
-                    blob_files_to_rewrite.iter().map(BlobFile::id).collect::<Vec<_>>(),
+                    blob_files_to_rewrite
+                        .iter()
+                        .map(BlobFile::id)
+                        .collect::<Vec<_>>(),
                 );
 
                 let scanner = BlobFileMergeScanner::new(
@@ -444,9 +480,11 @@ fn merge_tables(
                     opts.config.descriptor_table.clone(),
                 )?
                 .use_target_size(blob_opts.file_target_size)
-                .use_compression(crate::vlog::blob_file::writer::BlobCompression::Passthrough(
-                    blob_opts.compression,
-                ));
+                .use_compression(
+                    crate::vlog::blob_file::writer::BlobCompression::Passthrough(
+                        blob_opts.compression,
+                    ),
+                );
 
                 let inner = StandardCompaction::new(table_writer, tables);
 
@@ -507,11 +545,13 @@ fn merge_tables(
     // in the meantime (`clear()` for example installs a brand new, empty version).
     // Committing the merge result would then insert the compacted tables into a version that no longer
     // references their inputs, resurrecting data that was already logically removed.
-    if payload
-        .table_ids
-        .iter()
-        .any(|&id| version_history_lock.latest_version().version.get_table(id).is_none())
-    {
+    if payload.table_ids.iter().any(|&id| {
+        version_history_lock
+            .latest_version()
+            .version
+            .get_table(id)
+            .is_none()
+    }) {
         log::debug!("Input table(s) are not referenced anymore; skipping result installation");
 
         compaction_state
@@ -541,15 +581,15 @@ fn merge_tables(
     let ((), mut version_history_lock) = SuperVersions::change_unlocked(&opts.version_history, |versions| {
         compactor.finish(versions, opts, payload, dst_lvl, blob_frag_map, extra_blob_files)
     })
-    .inspect_err(|e| {
-        // NOTE: We cannot use hidden_guard here because we already locked the compaction state
+        .inspect_err(|e| {
+            // NOTE: We cannot use hidden_guard here because we already locked the compaction state
 
-        log::error!("Compaction failed: {e:?}");
+            log::error!("Compaction failed: {e:?}");
 
-        compaction_state
-            .hidden_set_mut()
-            .show(payload.table_ids.iter().copied());
-    })?;
+            compaction_state
+                .hidden_set_mut()
+                .show(payload.table_ids.iter().copied());
+        })?;
 
     compaction_state
         .hidden_set_mut()
@@ -592,7 +632,13 @@ fn drop_tables(
 
     let Some(tables) = ids_to_drop
         .iter()
-        .map(|&id| version_history_lock.latest_version().version.get_table(id).cloned())
+        .map(|&id| {
+            version_history_lock
+                .latest_version()
+                .version
+                .get_table(id)
+                .cloned()
+        })
         .collect::<Option<Vec<_>>>()
     else {
         log::warn!(
@@ -610,20 +656,23 @@ fn drop_tables(
 
     // IMPORTANT: Write the manifest with the removed tables first
     // Otherwise the table files are deleted, but are still referenced!
-    let ((), mut version_history_lock) = SuperVersions::change_unlocked(&opts.version_history, |versions| {
-        versions.upgrade_version(
-            &opts.config.path,
-            |current| {
-                let mut copy = current.clone();
+    let ((), mut version_history_lock) =
+        SuperVersions::change_unlocked(&opts.version_history, |versions| {
+            versions.upgrade_version(
+                &opts.config.path,
+                |current| {
+                    let mut copy = current.clone();
 
-                copy.version = copy.version.with_dropped(ids_to_drop, &mut dropped_blob_files)?;
+                    copy.version = copy
+                        .version
+                        .with_dropped(ids_to_drop, &mut dropped_blob_files)?;
 
-                Ok(copy)
-            },
-            &opts.global_seqno,
-            &opts.visible_seqno,
-        )
-    })?;
+                    Ok(copy)
+                },
+                &opts.global_seqno,
+                &opts.visible_seqno,
+            )
+        })?;
 
     if let Err(e) = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark) {
         log::error!("Manifest maintenance failed: {e:?}");
@@ -709,7 +758,12 @@ mod tests {
         assert_eq!(
             Some((0, 2)),
             pick_run_indexes(
-                tree.current_version().level(0).unwrap().iter().next().unwrap(),
+                tree.current_version()
+                    .level(0)
+                    .unwrap()
+                    .iter()
+                    .next()
+                    .unwrap(),
                 &[0, 1, 2],
             )
         );
@@ -740,7 +794,15 @@ mod tests {
 
         assert_eq!(
             Some((0, 0)),
-            pick_run_indexes(tree.current_version().level(0).unwrap().iter().next().unwrap(), &[0],)
+            pick_run_indexes(
+                tree.current_version()
+                    .level(0)
+                    .unwrap()
+                    .iter()
+                    .next()
+                    .unwrap(),
+                &[0],
+            )
         );
 
         Ok(())
@@ -769,7 +831,15 @@ mod tests {
 
         assert_eq!(
             Some((2, 2)),
-            pick_run_indexes(tree.current_version().level(0).unwrap().iter().next().unwrap(), &[2],)
+            pick_run_indexes(
+                tree.current_version()
+                    .level(0)
+                    .unwrap()
+                    .iter()
+                    .next()
+                    .unwrap(),
+                &[2],
+            )
         );
 
         Ok(())
@@ -798,7 +868,15 @@ mod tests {
 
         assert_eq!(
             None,
-            pick_run_indexes(tree.current_version().level(0).unwrap().iter().next().unwrap(), &[4],)
+            pick_run_indexes(
+                tree.current_version()
+                    .level(0)
+                    .unwrap()
+                    .iter()
+                    .next()
+                    .unwrap(),
+                &[4],
+            )
         );
 
         Ok(())
@@ -926,7 +1004,10 @@ mod tests {
 
         // Fragmentation is cleared up because blob file was relocated
         {
-            assert_eq!(crate::HashMap::default(), **tree.current_version().gc_stats(),);
+            assert_eq!(
+                crate::HashMap::default(),
+                **tree.current_version().gc_stats(),
+            );
         }
 
         Ok(())
@@ -1002,7 +1083,11 @@ mod tests {
     struct ClearMidCompactionFilter(Arc<Mutex<Option<AnyTree>>>);
 
     impl CompactionFilter for ClearMidCompactionFilter {
-        fn filter_item(&mut self, _: ItemAccessor<'_>, _: &FilterContext) -> crate::Result<Verdict> {
+        fn filter_item(
+            &mut self,
+            _: ItemAccessor<'_>,
+            _: &FilterContext,
+        ) -> crate::Result<Verdict> {
             if let Some(tree) = self.0.lock().unwrap().take() {
                 tree.clear()?;
             }

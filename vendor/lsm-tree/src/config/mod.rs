@@ -20,8 +20,8 @@ pub use restart_interval::RestartIntervalPolicy;
 pub type PartitioningPolicy = PinningPolicy;
 
 use crate::{
-    compaction::filter::Factory, path::absolute_path, version::DEFAULT_LEVEL_COUNT, AnyTree, BlobTree, Cache,
-    CompressionType, DescriptorTable, SequenceNumberCounter, Tree,
+    compaction::filter::Factory, path::absolute_path, version::DEFAULT_LEVEL_COUNT, AnyTree,
+    BlobTree, Cache, CompressionType, DescriptorTable, SequenceNumberCounter, Tree,
 };
 use std::{
     path::{Path, PathBuf},
@@ -258,7 +258,9 @@ impl Default for Config {
             seqno: SequenceNumberCounter::default(),
             visible_seqno: SequenceNumberCounter::default(),
 
-            cache: Arc::new(Cache::with_capacity_bytes(/* 16 MiB */ 16 * 1_024 * 1_024)),
+            cache: Arc::new(Cache::with_capacity_bytes(
+                /* 16 MiB */ 16 * 1_024 * 1_024,
+            )),
 
             data_block_restart_interval_policy: RestartIntervalPolicy::all(16),
             index_block_restart_interval_policy: RestartIntervalPolicy::all(1),
@@ -292,7 +294,9 @@ impl Default for Config {
 
             data_block_hash_ratio_policy: HashRatioPolicy::all(0.0),
 
-            filter_policy: FilterPolicy::all(FilterPolicyEntry::Bloom(BloomConstructionPolicy::BitsPerKey(10.0))),
+            filter_policy: FilterPolicy::all(FilterPolicyEntry::Bloom(
+                BloomConstructionPolicy::BitsPerKey(10.0),
+            )),
 
             compaction_filter_factory: None,
             table_split_prefix: Arc::default(),
@@ -306,7 +310,11 @@ impl Default for Config {
 
 impl Config {
     /// Initializes a new config
-    pub fn new<P: AsRef<Path>>(path: P, seqno: SequenceNumberCounter, visible_seqno: SequenceNumberCounter) -> Self {
+    pub fn new<P: AsRef<Path>>(
+        path: P,
+        seqno: SequenceNumberCounter,
+        visible_seqno: SequenceNumberCounter,
+    ) -> Self {
         Self {
             path: absolute_path(path.as_ref()),
             seqno,
@@ -470,13 +478,15 @@ impl Config {
     /// without rewriting anything. Tables written before keep their ranges; they are
     /// merged as before where they overlap. Not persisted: set it at every open.
     pub fn split_tables_at_prefix(&self, len: usize) {
-        self.table_split_prefix.store(len, std::sync::atomic::Ordering::Relaxed);
+        self.table_split_prefix
+            .store(len, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// eventfold patch: see [`Config::split_tables_at_prefix`].
     #[must_use]
     pub fn table_split_prefix(&self) -> usize {
-        self.table_split_prefix.load(std::sync::atomic::Ordering::Relaxed)
+        self.table_split_prefix
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Installs a custom compaction filter.

@@ -129,7 +129,8 @@ impl Memtable {
 
     /// Returns `true` if the memtable was already flagged for rotation.
     pub fn is_flagged_for_rotation(&self) -> bool {
-        self.requested_rotation.load(std::sync::atomic::Ordering::Relaxed)
+        self.requested_rotation
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Flags the memtable as requested for rotation.
@@ -164,7 +165,11 @@ impl Memtable {
         // eventfold patch: searched by `MemKey`s, which compare without reading the
         // nodes' heap keys.
         let bound = |b: Bound<&InternalKey>| b.map(|k| MemKey::new(k.clone()));
-        ChunkedRange::new(&self.items, bound(range.start_bound()), bound(range.end_bound()))
+        ChunkedRange::new(
+            &self.items,
+            bound(range.start_bound()),
+            bound(range.end_bound()),
+        )
     }
 
     /// Returns the item by key if it exists.
@@ -210,7 +215,8 @@ impl Memtable {
 
     /// Gets approximate size of memtable in bytes.
     pub fn size(&self) -> u64 {
-        self.approximate_size.load(std::sync::atomic::Ordering::Acquire)
+        self.approximate_size
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Counts the number of items in the memtable.
@@ -231,9 +237,10 @@ impl Memtable {
             clippy::expect_used,
             reason = "keys are limited to 16-bit length + values are limited to 32-bit length"
         )]
-        let item_size = (item.key.user_key.len() + item.value.len() + std::mem::size_of::<InternalValue>())
-            .try_into()
-            .expect("should fit into u64");
+        let item_size =
+            (item.key.user_key.len() + item.value.len() + std::mem::size_of::<InternalValue>())
+                .try_into()
+                .expect("should fit into u64");
 
         let size_before = self
             .approximate_size
@@ -294,7 +301,10 @@ impl Memtable {
         if self.is_empty() {
             None
         } else {
-            Some(self.highest_seqno.load(std::sync::atomic::Ordering::Acquire))
+            Some(
+                self.highest_seqno
+                    .load(std::sync::atomic::Ordering::Acquire),
+            )
         }
     }
 }
@@ -302,13 +312,21 @@ impl Memtable {
 /// eventfold patch: the read lock of a memtable's items; a panic elsewhere cannot leave the
 /// B-tree half-changed (`BTreeMap::insert` either inserts or unwinds before touching it),
 /// so a poisoned lock is used as is (by [`write`] too).
-fn read(items: &RwLock<BTreeMap<MemKey, UserValue>>) -> std::sync::RwLockReadGuard<'_, BTreeMap<MemKey, UserValue>> {
-    items.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn read(
+    items: &RwLock<BTreeMap<MemKey, UserValue>>,
+) -> std::sync::RwLockReadGuard<'_, BTreeMap<MemKey, UserValue>> {
+    items
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// eventfold patch: the write lock of a memtable's items (see [`read`]).
-fn write(items: &RwLock<BTreeMap<MemKey, UserValue>>) -> std::sync::RwLockWriteGuard<'_, BTreeMap<MemKey, UserValue>> {
-    items.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn write(
+    items: &RwLock<BTreeMap<MemKey, UserValue>>,
+) -> std::sync::RwLockWriteGuard<'_, BTreeMap<MemKey, UserValue>> {
+    items
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Entries an iterator copies out at its first read lock at an end: a short scan (a
@@ -340,7 +358,11 @@ struct ChunkedRange<'a> {
 }
 
 impl<'a> ChunkedRange<'a> {
-    fn new(items: &'a RwLock<BTreeMap<MemKey, UserValue>>, lo: Bound<MemKey>, hi: Bound<MemKey>) -> Self {
+    fn new(
+        items: &'a RwLock<BTreeMap<MemKey, UserValue>>,
+        lo: Bound<MemKey>,
+        hi: Bound<MemKey>,
+    ) -> Self {
         // A range whose start lies after its end is empty (`BTreeMap::range` would panic).
         let drained = match (&lo, &hi) {
             (Bound::Included(a), Bound::Included(b)) => a > b,
@@ -536,7 +558,8 @@ mod tests {
     fn memtable_get() {
         let memtable = Memtable::new(0);
 
-        let value = InternalValue::from_components(b"abc".to_vec(), b"abc".to_vec(), 0, ValueType::Value);
+        let value =
+            InternalValue::from_components(b"abc".to_vec(), b"abc".to_vec(), 0, ValueType::Value);
 
         memtable.insert(value.clone());
 

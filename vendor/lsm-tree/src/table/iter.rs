@@ -72,13 +72,18 @@ impl Iterator for OwnedDataBlockIter {
     type Item = InternalValue;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.with_dependent_mut(|block, iter| iter.next().map(|item| item.materialize(&block.inner.data)))
+        self.with_dependent_mut(|block, iter| {
+            iter.next().map(|item| item.materialize(&block.inner.data))
+        })
     }
 }
 
 impl DoubleEndedIterator for OwnedDataBlockIter {
     fn next_back(&mut self) -> Option<Self::Item> {
-        self.with_dependent_mut(|block, iter| iter.next_back().map(|item| item.materialize(&block.inner.data)))
+        self.with_dependent_mut(|block, iter| {
+            iter.next_back()
+                .map(|item| item.materialize(&block.inner.data))
+        })
     }
 }
 

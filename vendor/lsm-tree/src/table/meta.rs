@@ -4,7 +4,8 @@
 
 use super::{Block, BlockHandle, DataBlock};
 use crate::{
-    checksum::ChecksumType, coding::Decode, table::block::BlockType, CompressionType, KeyRange, SeqNo, TableId,
+    checksum::ChecksumType, coding::Decode, table::block::BlockType, CompressionType, KeyRange,
+    SeqNo, TableId,
 };
 use byteorder::{LittleEndian, ReadBytesExt};
 use std::{fs::File, ops::Deref};
@@ -79,7 +80,10 @@ impl ParsedMeta {
         let block = Block::from_file(file, *handle, CompressionType::None)?;
 
         if block.header.block_type != BlockType::Meta {
-            return Err(crate::Error::InvalidTag(("BlockType", block.header.block_type.into())));
+            return Err(crate::Error::InvalidTag((
+                "BlockType",
+                block.header.block_type.into(),
+            )));
         }
 
         let block = DataBlock::new(block);
@@ -91,7 +95,12 @@ impl ParsedMeta {
                 .expect("Table version should exist")
                 .value;
 
-            assert_eq!([3u8], &*table_version, "unspported table version {}", table_version[0],);
+            assert_eq!(
+                [3u8],
+                &*table_version,
+                "unspported table version {}",
+                table_version[0],
+            );
         }
 
         {

@@ -110,11 +110,12 @@ impl Table {
         Ok(if let Some(handle) = &self.regions.linked_blob_files {
             let table_id = self.global_id();
 
-            let (fd, fd_cache_miss) = if let Some(fd) = self.file_accessor.access_for_table(&table_id) {
-                (fd, false)
-            } else {
-                (Arc::new(File::open(&*self.path)?), true)
-            };
+            let (fd, fd_cache_miss) =
+                if let Some(fd) = self.file_accessor.access_for_table(&table_id) {
+                    (fd, false)
+                } else {
+                    (Arc::new(File::open(&*self.path)?), true)
+                };
 
             // Read the exact region using pread-style helper
             let buf = crate::file::read_exact(&fd, *handle.offset(), handle.size() as usize)?;
@@ -135,7 +136,10 @@ impl Table {
                 let bytes = reader.read_u64::<LE>()?;
                 let on_disk_bytes = reader.read_u64::<LE>()?;
 
-                #[expect(clippy::cast_possible_truncation, reason = "truncation is not expected to happen")]
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    reason = "truncation is not expected to happen"
+                )]
                 blob_files.push(LinkedFile {
                     blob_file_id,
                     bytes,
@@ -174,7 +178,9 @@ impl Table {
         match &*self.block_index {
             BlockIndexImpl::Full(full_block_index) => full_block_index.inner().inner.size(),
             BlockIndexImpl::VolatileFull(_) => 0,
-            BlockIndexImpl::TwoLevel(two_level_block_index) => two_level_block_index.top_level_index.inner.size(),
+            BlockIndexImpl::TwoLevel(two_level_block_index) => {
+                two_level_block_index.top_level_index.inner.size()
+            }
         }
     }
 
@@ -207,8 +213,12 @@ impl Table {
     }
 
     fn load_data_block(&self, handle: &BlockHandle) -> crate::Result<DataBlock> {
-        self.load_block(handle, BlockType::Data, self.metadata.data_block_compression)
-            .map(DataBlock::new)
+        self.load_block(
+            handle,
+            BlockType::Data,
+            self.metadata.data_block_compression,
+        )
+        .map(DataBlock::new)
     }
 
     /// Returns the (possibly compressed) file size.
@@ -224,7 +234,12 @@ impl Table {
         }
     }
 
-    pub fn get(&self, key: &[u8], seqno: SeqNo, key_hash: u64) -> crate::Result<Option<InternalValue>> {
+    pub fn get(
+        &self,
+        key: &[u8],
+        seqno: SeqNo,
+        key_hash: u64,
+    ) -> crate::Result<Option<InternalValue>> {
         #[cfg(feature = "metrics")]
         use std::sync::atomic::Ordering::Relaxed;
 
@@ -414,20 +429,31 @@ impl Table {
         iter
     }
 
-    fn read_tli(regions: &ParsedRegions, file: &File, compression: CompressionType) -> crate::Result<IndexBlock> {
+    fn read_tli(
+        regions: &ParsedRegions,
+        file: &File,
+        compression: CompressionType,
+    ) -> crate::Result<IndexBlock> {
         log::trace!("Reading TLI block, with tli_ptr={:?}", regions.tli);
 
         let block = Block::from_file(file, regions.tli, compression)?;
 
         if block.header.block_type != BlockType::Index {
-            return Err(crate::Error::InvalidTag(("BlockType", block.header.block_type.into())));
+            return Err(crate::Error::InvalidTag((
+                "BlockType",
+                block.header.block_type.into(),
+            )));
         }
 
         Ok(IndexBlock::new(block))
     }
 
     /// Tries to recover a table from a file.
-    #[warn(clippy::too_many_arguments, clippy::too_many_lines, reason = "TODO: refactor")]
+    #[warn(
+        clippy::too_many_arguments,
+        clippy::too_many_lines,
+        reason = "TODO: refactor"
+    )]
     pub fn recover(
         file_path: PathBuf,
         checksum: Checksum,
@@ -467,7 +493,10 @@ impl Table {
         };
 
         let block_index = if regions.index.is_some() {
-            log::trace!("Creating partitioned block index, with tli_ptr={:?}", regions.tli,);
+            log::trace!(
+                "Creating partitioned block index, with tli_ptr={:?}",
+                regions.tli,
+            );
 
             let block = Self::read_tli(&regions, &file, metadata.index_block_compression)?;
 
@@ -483,7 +512,10 @@ impl Table {
                 metrics: metrics.clone(),
             })
         } else if pin_index {
-            log::trace!("Creating pinned, full block index, with tli_ptr={:?}", regions.tli,);
+            log::trace!(
+                "Creating pinned, full block index, with tli_ptr={:?}",
+                regions.tli,
+            );
 
             let block = Self::read_tli(&regions, &file, metadata.index_block_compression)?;
             BlockIndexImpl::Full(FullBlockIndex::new(block))
@@ -504,7 +536,8 @@ impl Table {
         };
 
         let pinned_filter_index = if let Some(filter_tli_handle) = regions.filter_tli {
-            let block = Block::from_file(&file, filter_tli_handle, metadata.index_block_compression)?;
+            let block =
+                Block::from_file(&file, filter_tli_handle, metadata.index_block_compression)?;
             Some(IndexBlock::new(block))
         } else {
             None
@@ -515,7 +548,9 @@ impl Table {
             regions
                 .filter
                 .map(|filter_handle| {
-                    log::debug!("Loading and pinning filter block, with filter_ptr={filter_handle:?}");
+                    log::debug!(
+                        "Loading and pinning filter block, with filter_ptr={filter_handle:?}"
+                    );
 
                     let block = Block::from_file(
                         &file,
@@ -526,7 +561,10 @@ impl Table {
                         if block.header.block_type == BlockType::Filter {
                             Ok(block)
                         } else {
-                            Err(crate::Error::InvalidTag(("BlockType", block.header.block_type.into())))
+                            Err(crate::Error::InvalidTag((
+                                "BlockType",
+                                block.header.block_type.into(),
+                            )))
                         }
                     })?;
 
@@ -537,7 +575,11 @@ impl Table {
             None
         };
 
-        log::debug!("Recovered table #{} from {}", metadata.id, file_path.display(),);
+        log::debug!(
+            "Recovered table #{} from {}",
+            metadata.id,
+            file_path.display(),
+        );
 
         Ok(Self(Arc::new(Inner {
             path: file_path,
@@ -574,7 +616,9 @@ impl Table {
     }
 
     pub(crate) fn mark_as_deleted(&self) {
-        self.0.is_deleted.store(true, std::sync::atomic::Ordering::Release);
+        self.0
+            .is_deleted
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Checks if a key range is (partially or fully) contained in this table.

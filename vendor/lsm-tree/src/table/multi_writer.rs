@@ -4,8 +4,8 @@
 
 use super::{filter::BloomConstructionPolicy, writer::Writer};
 use crate::{
-    blob_tree::handle::BlobIndirection, table::writer::LinkedFile, value::InternalValue, vlog::BlobFileId, Checksum,
-    CompressionType, HashMap, SequenceNumberCounter, TableId,
+    blob_tree::handle::BlobIndirection, table::writer::LinkedFile, value::InternalValue,
+    vlog::BlobFileId, Checksum, CompressionType, HashMap, SequenceNumberCounter, TableId,
 };
 use std::path::PathBuf;
 
@@ -157,7 +157,10 @@ impl MultiWriter {
 
     #[must_use]
     pub(crate) fn use_data_block_size(mut self, size: u32) -> Self {
-        assert!(size <= 4 * 1_024 * 1_024, "data block size must be <= 4 MiB",);
+        assert!(
+            size <= 4 * 1_024 * 1_024,
+            "data block size must be <= 4 MiB",
+        );
         self.data_block_size = size;
         self.writer = self.writer.use_data_block_size(size);
         self
@@ -210,7 +213,12 @@ impl MultiWriter {
         let mut old_writer = std::mem::replace(&mut self.writer, new_writer);
 
         for linked in self.linked_blobs.values() {
-            old_writer.link_blob_file(linked.blob_file_id, linked.len, linked.bytes, linked.on_disk_bytes);
+            old_writer.link_blob_file(
+                linked.blob_file_id,
+                linked.len,
+                linked.bytes,
+                linked.on_disk_bytes,
+            );
         }
         self.linked_blobs.clear();
 
@@ -228,7 +236,10 @@ impl MultiWriter {
         // item is a new key, as it was here.
         let is_next_key = self.writer.current_key() < Some(&item.key.user_key);
 
-        if is_next_key && (*self.writer.meta.file_pos >= self.target_size || self.leaves_prefix(&item.key.user_key)) {
+        if is_next_key
+            && (*self.writer.meta.file_pos >= self.target_size
+                || self.leaves_prefix(&item.key.user_key))
+        {
             self.rotate()?;
         }
 
@@ -256,8 +267,12 @@ impl MultiWriter {
     /// Returns the metadata of created tables
     pub fn finish(mut self) -> crate::Result<Vec<(TableId, Checksum)>> {
         for linked in self.linked_blobs.values() {
-            self.writer
-                .link_blob_file(linked.blob_file_id, linked.len, linked.bytes, linked.on_disk_bytes);
+            self.writer.link_blob_file(
+                linked.blob_file_id,
+                linked.len,
+                linked.bytes,
+                linked.on_disk_bytes,
+            );
         }
 
         if let Some((table_id, checksum)) = self.writer.finish()? {

@@ -13,7 +13,10 @@ fn toc_entry_to_handle(entry: &TocEntry) -> BlockHandle {
     )]
     BlockHandle::new(
         BlockOffset(entry.pos()),
-        entry.len().try_into().expect("region should not exceed 4 GiB"),
+        entry
+            .len()
+            .try_into()
+            .expect("region should not exceed 4 GiB"),
     )
 }
 
@@ -52,10 +55,13 @@ impl ParsedRegions {
     pub fn parse_from_toc(toc: &sfa::Toc) -> crate::Result<Self> {
         Ok(Self {
             filter_tli: toc.section(b"filter_tli").map(toc_entry_to_handle),
-            tli: toc.section(b"tli").map(toc_entry_to_handle).ok_or_else(|| {
-                log::error!("TLI should exist");
-                crate::Error::Unrecoverable
-            })?,
+            tli: toc
+                .section(b"tli")
+                .map(toc_entry_to_handle)
+                .ok_or_else(|| {
+                    log::error!("TLI should exist");
+                    crate::Error::Unrecoverable
+                })?,
             index: toc.section(b"index").map(toc_entry_to_handle),
             // eventfold patch: the blocked filter where a table has one (lsm-tree change 7
             // in eventfold's vendor/README.md), else the standard filter that upstream reads.
@@ -64,10 +70,13 @@ impl ParsedRegions {
                 .or_else(|| toc.section(b"filter"))
                 .map(toc_entry_to_handle),
             linked_blob_files: toc.section(b"linked_blob_files").map(toc_entry_to_handle),
-            metadata: toc.section(b"meta").map(toc_entry_to_handle).ok_or_else(|| {
-                log::error!("Metadata should exist");
-                crate::Error::Unrecoverable
-            })?,
+            metadata: toc
+                .section(b"meta")
+                .map(toc_entry_to_handle)
+                .ok_or_else(|| {
+                    log::error!("Metadata should exist");
+                    crate::Error::Unrecoverable
+                })?,
         })
     }
 }

@@ -47,13 +47,19 @@ impl Scanner {
         })
     }
 
-    fn fetch_next_block(reader: &mut BufReader<File>, compression: CompressionType) -> crate::Result<DataBlock> {
+    fn fetch_next_block(
+        reader: &mut BufReader<File>,
+        compression: CompressionType,
+    ) -> crate::Result<DataBlock> {
         let block = Block::from_reader(reader, compression);
 
         match block {
             Ok(block) => {
                 if block.header.block_type != BlockType::Data {
-                    return Err(crate::Error::InvalidTag(("BlockType", block.header.block_type.into())));
+                    return Err(crate::Error::InvalidTag((
+                        "BlockType",
+                        block.header.block_type.into(),
+                    )));
                 }
 
                 Ok(DataBlock::new(block))

@@ -3,7 +3,9 @@
 // (found in the LICENSE-* files in the repository)
 
 use super::*;
-use crate::{config::BloomConstructionPolicy, table::filter::standard_bloom::Builder as BloomBuilder};
+use crate::{
+    config::BloomConstructionPolicy, table::filter::standard_bloom::Builder as BloomBuilder,
+};
 use tempfile::tempdir;
 use test_log::test;
 
@@ -61,7 +63,10 @@ fn test_with_table(
             assert!(table.regions.index.is_none(), "should use full index");
             assert_eq!(0, table.pinned_block_index_size(), "should not pin index");
             assert_eq!(0, table.pinned_filter_size(), "should not pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -88,7 +93,10 @@ fn test_with_table(
             assert!(table.regions.index.is_none(), "should use full index");
             assert_eq!(0, table.pinned_block_index_size(), "should not pin index");
             // assert!(table.pinned_filter_size() > 0, "should pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -115,7 +123,10 @@ fn test_with_table(
             assert!(table.regions.index.is_none(), "should use full index");
             assert!(table.pinned_block_index_size() > 0, "should pin index");
             assert_eq!(0, table.pinned_filter_size(), "should not pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -142,7 +153,10 @@ fn test_with_table(
             assert!(table.regions.index.is_none(), "should use full index");
             assert!(table.pinned_block_index_size() > 0, "should pin index");
             // assert!(table.pinned_filter_size() > 0, "should pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -216,7 +230,10 @@ fn test_with_table(
             assert_eq!(items.len(), table.metadata.item_count as usize);
             assert!(table.regions.index.is_some(), "should use two-level index",);
             assert_eq!(0, table.pinned_filter_size(), "should not pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -242,7 +259,10 @@ fn test_with_table(
             assert_eq!(items.len(), table.metadata.item_count as usize);
             assert!(table.regions.index.is_some(), "should use two-level index",);
             // assert!(table.pinned_filter_size() > 0, "should pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -269,7 +289,10 @@ fn test_with_table(
             assert!(table.regions.index.is_some(), "should use two-level index",);
             assert!(table.pinned_block_index_size() > 0, "should pin index");
             // assert_eq!(0, table.pinned_filter_size(), "should not pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -296,7 +319,10 @@ fn test_with_table(
             assert!(table.regions.index.is_some(), "should use two-level index",);
             assert!(table.pinned_block_index_size() > 0, "should pin index");
             // assert!(table.pinned_filter_size() > 0, "should pin filter");
-            assert!(matches!(table.file_accessor, FileAccessor::DescriptorTable(..)));
+            assert!(matches!(
+                table.file_accessor,
+                FileAccessor::DescriptorTable(..)
+            ));
 
             f(table)?;
         }
@@ -353,8 +379,14 @@ fn table_point_read() -> crate::Result<()> {
                     .key
                     .user_key,
             );
-            assert_eq!(None, table.get(b"def", SeqNo::MAX, BloomBuilder::get_hash(b"def"))?,);
-            assert_eq!(None, table.get(b"____", SeqNo::MAX, BloomBuilder::get_hash(b"____"))?,);
+            assert_eq!(
+                None,
+                table.get(b"def", SeqNo::MAX, BloomBuilder::get_hash(b"def"))?,
+            );
+            assert_eq!(
+                None,
+                table.get(b"____", SeqNo::MAX, BloomBuilder::get_hash(b"____"))?,
+            );
 
             assert_eq!(
                 table.metadata.key_range,
@@ -387,27 +419,51 @@ fn table_range_exclusive_bounds() -> crate::Result<()> {
                 .range((Excluded(UserKey::from("b")), Included(UserKey::from("d"))))
                 .flatten()
                 .collect::<Vec<_>>();
-            assert_eq!(items.iter().skip(2).take(2).cloned().collect::<Vec<_>>(), &*res,);
+            assert_eq!(
+                items.iter().skip(2).take(2).cloned().collect::<Vec<_>>(),
+                &*res,
+            );
 
             let res = table
                 .range((Excluded(UserKey::from("b")), Included(UserKey::from("d"))))
                 .rev()
                 .flatten()
                 .collect::<Vec<_>>();
-            assert_eq!(items.iter().skip(2).take(2).rev().cloned().collect::<Vec<_>>(), &*res,);
+            assert_eq!(
+                items
+                    .iter()
+                    .skip(2)
+                    .take(2)
+                    .rev()
+                    .cloned()
+                    .collect::<Vec<_>>(),
+                &*res,
+            );
 
             let res = table
                 .range((Excluded(UserKey::from("b")), Excluded(UserKey::from("d"))))
                 .flatten()
                 .collect::<Vec<_>>();
-            assert_eq!(items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(), &*res,);
+            assert_eq!(
+                items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(),
+                &*res,
+            );
 
             let res = table
                 .range((Excluded(UserKey::from("b")), Excluded(UserKey::from("d"))))
                 .rev()
                 .flatten()
                 .collect::<Vec<_>>();
-            assert_eq!(items.iter().skip(2).take(1).rev().cloned().collect::<Vec<_>>(), &*res,);
+            assert_eq!(
+                items
+                    .iter()
+                    .skip(2)
+                    .take(1)
+                    .rev()
+                    .cloned()
+                    .collect::<Vec<_>>(),
+                &*res,
+            );
 
             Ok(())
         },
@@ -434,7 +490,10 @@ fn table_point_read_mvcc_block_boundary() -> crate::Result<()> {
 
             let key_hash = BloomBuilder::get_hash(b"a");
 
-            assert_eq!(b"5", &*table.get(b"a", SeqNo::MAX, key_hash)?.unwrap().value);
+            assert_eq!(
+                b"5",
+                &*table.get(b"a", SeqNo::MAX, key_hash)?.unwrap().value
+            );
             assert_eq!(b"4", &*table.get(b"a", 5, key_hash)?.unwrap().value);
             assert_eq!(b"3", &*table.get(b"a", 4, key_hash)?.unwrap().value);
             assert_eq!(b"2", &*table.get(b"a", 3, key_hash)?.unwrap().value);
@@ -509,12 +568,19 @@ fn table_range_simple() -> crate::Result<()> {
         |table| {
             assert_eq!(
                 items.iter().skip(1).cloned().collect::<Vec<_>>(),
-                &*table.range(UserKey::from("b")..).flatten().collect::<Vec<_>>()
+                &*table
+                    .range(UserKey::from("b")..)
+                    .flatten()
+                    .collect::<Vec<_>>()
             );
 
             assert_eq!(
                 items.iter().skip(1).rev().cloned().collect::<Vec<_>>(),
-                &*table.range(UserKey::from("b")..).rev().flatten().collect::<Vec<_>>(),
+                &*table
+                    .range(UserKey::from("b")..)
+                    .rev()
+                    .flatten()
+                    .collect::<Vec<_>>(),
             );
 
             Ok(())
@@ -533,7 +599,8 @@ fn table_range_ping_pong() -> crate::Result<()> {
     test_with_table(
         &items,
         |table| {
-            let mut iter = table.range(UserKey::from(5u64.to_be_bytes())..UserKey::from(10u64.to_be_bytes()));
+            let mut iter =
+                table.range(UserKey::from(5u64.to_be_bytes())..UserKey::from(10u64.to_be_bytes()));
 
             let mut count = 0;
 
@@ -586,7 +653,13 @@ fn table_range_multiple_data_blocks() -> crate::Result<()> {
             );
 
             assert_eq!(
-                items.iter().skip(1).take(3).rev().cloned().collect::<Vec<_>>(),
+                items
+                    .iter()
+                    .skip(1)
+                    .take(3)
+                    .rev()
+                    .cloned()
+                    .collect::<Vec<_>>(),
                 &*table
                     .range(UserKey::from("b")..=UserKey::from("d"))
                     .rev()
@@ -657,39 +730,66 @@ fn table_partitioned_filter() -> crate::Result<()> {
         &items,
         |table| {
             assert!(table.regions.filter.is_some(), "filter should exist");
-            assert!(table.regions.filter_tli.is_some(), "filter TLI should exist");
+            assert!(
+                table.regions.filter_tli.is_some(),
+                "filter TLI should exist"
+            );
 
             assert_eq!(
                 b"a7",
-                &*table.get(b"a", 8, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+                &*table
+                    .get(b"a", 8, BloomBuilder::get_hash(b"a"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"a6",
-                &*table.get(b"a", 7, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+                &*table
+                    .get(b"a", 7, BloomBuilder::get_hash(b"a"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"a5",
-                &*table.get(b"a", 6, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+                &*table
+                    .get(b"a", 6, BloomBuilder::get_hash(b"a"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"a4",
-                &*table.get(b"a", 5, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+                &*table
+                    .get(b"a", 5, BloomBuilder::get_hash(b"a"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"a3",
-                &*table.get(b"a", 4, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+                &*table
+                    .get(b"a", 4, BloomBuilder::get_hash(b"a"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"b5",
-                &*table.get(b"b", 6, BloomBuilder::get_hash(b"b"))?.unwrap().value,
+                &*table
+                    .get(b"b", 6, BloomBuilder::get_hash(b"b"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"c8",
-                &*table.get(b"c", 9, BloomBuilder::get_hash(b"c"))?.unwrap().value,
+                &*table
+                    .get(b"c", 9, BloomBuilder::get_hash(b"c"))?
+                    .unwrap()
+                    .value,
             );
             assert_eq!(
                 b"d10",
-                &*table.get(b"d", 11, BloomBuilder::get_hash(b"d"))?.unwrap().value,
+                &*table
+                    .get(b"d", 11, BloomBuilder::get_hash(b"d"))?
+                    .unwrap()
+                    .value,
             );
             Ok(())
         },
@@ -756,84 +856,349 @@ fn table_read_fuzz_1() -> crate::Result<()> {
     use crate::ValueType::{Tombstone, Value};
 
     let items = [
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 18340908174618760209, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 18054235897395861447, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([103]), 17820711698989577060, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 17652351990810576660, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 17576667967203573449, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([30]), 16889403751796995588, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([186]), 15595956295177086731, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 15512796775024989213, Value),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            18340908174618760209,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            18054235897395861447,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([103]),
+            17820711698989577060,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            17652351990810576660,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            17576667967203573449,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([30]),
+            16889403751796995588,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([186]),
+            15595956295177086731,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            15512796775024989213,
+            Value,
+        ),
         InternalValue::from_components(
             Slice::from([0]),
             Slice::from([188, 156, 59, 85, 13]),
             15149465603839159843,
             Value,
         ),
-        InternalValue::from_components(Slice::from([0]), Slice::from([174, 71]), 15102256701513339307, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([35, 148]), 15091160407760527013, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 14675333203365509622, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([245]), 14571905818510788533, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 14541113699969547298, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 14486387191240337417, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 14112006182482717758, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([159]), 13992512869528291746, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 13915106262991388976, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 13597506620670366065, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 13064400463180401957, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 12969967266897711474, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 12508372658468564628, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([138]), 11795269606598686255, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([18]), 10730214428751858128, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([236]), 10124645034840293700, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([216, 81]), 9559308046784608794, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([79]), 8607115510826103394, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 7963767336149785641, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 7882646634183551394, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 7719307175583565930, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([111]), 7522791039398476411, Value),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([174, 71]),
+            15102256701513339307,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([35, 148]),
+            15091160407760527013,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            14675333203365509622,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([245]),
+            14571905818510788533,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            14541113699969547298,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            14486387191240337417,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            14112006182482717758,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([159]),
+            13992512869528291746,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            13915106262991388976,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            13597506620670366065,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            13064400463180401957,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            12969967266897711474,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            12508372658468564628,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([138]),
+            11795269606598686255,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([18]),
+            10730214428751858128,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([236]),
+            10124645034840293700,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([216, 81]),
+            9559308046784608794,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([79]),
+            8607115510826103394,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            7963767336149785641,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            7882646634183551394,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            7719307175583565930,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([111]),
+            7522791039398476411,
+            Value,
+        ),
         InternalValue::from_components(
             Slice::from([0]),
             Slice::from([227, 164, 129]),
             7410771579448817672,
             Value,
         ),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 7003757491682295965, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 5723101273557106371, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 5581364419922287132, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([119, 29]), 5541782075650463683, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 5136199042703471864, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 5051972816573966850, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([162]), 5020119417385108821, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([69]), 4325966282181409009, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 4238714774310338082, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 4200824275757201410, Tombstone),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            7003757491682295965,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            5723101273557106371,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            5581364419922287132,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([119, 29]),
+            5541782075650463683,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            5136199042703471864,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            5051972816573966850,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([162]),
+            5020119417385108821,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([69]),
+            4325966282181409009,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            4238714774310338082,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            4200824275757201410,
+            Tombstone,
+        ),
         InternalValue::from_components(
             Slice::from([0]),
             Slice::from([92, 145, 251, 240, 133]),
             3894954012280195585,
             Value,
         ),
-        InternalValue::from_components(Slice::from([0]), Slice::from([14]), 3814525464013269105, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 3766663710061910506, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([129]), 3749655073597306832, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([231]), 3319226033273656005, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 3274394613296787928, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 2045761581956846404, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([78]), 1704041985603476880, Tombstone),
-        InternalValue::from_components(Slice::from([0]), Slice::from([]), 1441130125005023946, Tombstone),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([14]),
+            3814525464013269105,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            3766663710061910506,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([129]),
+            3749655073597306832,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([231]),
+            3319226033273656005,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            3274394613296787928,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            2045761581956846404,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([78]),
+            1704041985603476880,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([]),
+            1441130125005023946,
+            Tombstone,
+        ),
         InternalValue::from_components(
             Slice::from([0]),
             Slice::from([164, 136]),
             1225420702887300153,
             Tombstone,
         ),
-        InternalValue::from_components(Slice::from([0]), Slice::from([55]), 974698856173325051, Value),
-        InternalValue::from_components(Slice::from([0]), Slice::from([238, 237]), 47340610649818236, Value),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([55]),
+            974698856173325051,
+            Value,
+        ),
+        InternalValue::from_components(
+            Slice::from([0]),
+            Slice::from([238, 237]),
+            47340610649818236,
+            Value,
+        ),
         InternalValue::from_components(Slice::from([0]), Slice::from([]), 0, Value),
-        InternalValue::from_components(Slice::from([0, 161]), Slice::from([]), 17872519117933825384, Tombstone),
-        InternalValue::from_components(Slice::from([0, 161]), Slice::from([]), 4494664966150999400, Tombstone),
-        InternalValue::from_components(Slice::from([1]), Slice::from([]), 15373275907316083975, Value),
+        InternalValue::from_components(
+            Slice::from([0, 161]),
+            Slice::from([]),
+            17872519117933825384,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([0, 161]),
+            Slice::from([]),
+            4494664966150999400,
+            Tombstone,
+        ),
+        InternalValue::from_components(
+            Slice::from([1]),
+            Slice::from([]),
+            15373275907316083975,
+            Value,
+        ),
     ];
 
     let dir = tempfile::tempdir()?;
@@ -939,41 +1304,71 @@ fn table_partitioned_index() -> crate::Result<()> {
     )
     .unwrap();
 
-    assert!(table.regions.index.is_some(), "2nd-level index should exist",);
+    assert!(
+        table.regions.index.is_some(),
+        "2nd-level index should exist",
+    );
 
-    assert!(table.metadata.index_block_count > 1, "should use partitioned index",);
+    assert!(
+        table.metadata.index_block_count > 1,
+        "should use partitioned index",
+    );
 
     assert_eq!(
         b"a7",
-        &*table.get(b"a", 8, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+        &*table
+            .get(b"a", 8, BloomBuilder::get_hash(b"a"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"a6",
-        &*table.get(b"a", 7, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+        &*table
+            .get(b"a", 7, BloomBuilder::get_hash(b"a"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"a5",
-        &*table.get(b"a", 6, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+        &*table
+            .get(b"a", 6, BloomBuilder::get_hash(b"a"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"a4",
-        &*table.get(b"a", 5, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+        &*table
+            .get(b"a", 5, BloomBuilder::get_hash(b"a"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"a3",
-        &*table.get(b"a", 4, BloomBuilder::get_hash(b"a"))?.unwrap().value,
+        &*table
+            .get(b"a", 4, BloomBuilder::get_hash(b"a"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"b5",
-        &*table.get(b"b", 6, BloomBuilder::get_hash(b"b"))?.unwrap().value,
+        &*table
+            .get(b"b", 6, BloomBuilder::get_hash(b"b"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"c8",
-        &*table.get(b"c", 9, BloomBuilder::get_hash(b"c"))?.unwrap().value,
+        &*table
+            .get(b"c", 9, BloomBuilder::get_hash(b"c"))?
+            .unwrap()
+            .value,
     );
     assert_eq!(
         b"d10",
-        &*table.get(b"d", 11, BloomBuilder::get_hash(b"d"))?.unwrap().value,
+        &*table
+            .get(b"d", 11, BloomBuilder::get_hash(b"d"))?
+            .unwrap()
+            .value,
     );
 
     Ok(())
@@ -1018,11 +1413,16 @@ fn table_global_seqno() -> crate::Result<()> {
     )?;
 
     // global seqno is 7, so a1 is = 8 -> can not be read by snapshot=8
-    assert!(table.get(b"a1", 8, BloomBuilder::get_hash(b"a1"))?.is_none());
+    assert!(table
+        .get(b"a1", 8, BloomBuilder::get_hash(b"a1"))?
+        .is_none());
 
     assert_eq!(
         b"a0",
-        &*table.get(b"a0", 8, BloomBuilder::get_hash(b"a0"))?.unwrap().value,
+        &*table
+            .get(b"a0", 8, BloomBuilder::get_hash(b"a0"))?
+            .unwrap()
+            .value,
     );
 
     Ok(())
@@ -1063,7 +1463,9 @@ fn table_return_global_seqno() -> crate::Result<()> {
 
     assert_eq!(
         InternalValue::from_components("abc", "abc", SEQNO, Value),
-        table.get(b"abc", 2 * SEQNO, BloomBuilder::get_hash(b"abc"))?.unwrap(),
+        table
+            .get(b"abc", 2 * SEQNO, BloomBuilder::get_hash(b"abc"))?
+            .unwrap(),
     );
 
     Ok(())

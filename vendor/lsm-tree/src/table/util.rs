@@ -4,7 +4,8 @@
 
 use super::{Block, BlockHandle, GlobalTableId};
 use crate::{
-    file_accessor::FileAccessor, table::block::BlockType, version::run::Ranged, Cache, CompressionType, KeyRange, Table,
+    file_accessor::FileAccessor, table::block::BlockType, version::run::Ranged, Cache,
+    CompressionType, KeyRange, Table,
 };
 use std::{path::Path, sync::Arc};
 
@@ -78,7 +79,10 @@ pub fn load_block(
     let block = Block::from_file(&fd, *handle, compression)?;
 
     if block.header.block_type != block_type {
-        return Err(crate::Error::InvalidTag(("BlockType", block.header.block_type.into())));
+        return Err(crate::Error::InvalidTag((
+            "BlockType",
+            block.header.block_type.into(),
+        )));
     }
 
     #[cfg(feature = "metrics")]
@@ -100,7 +104,9 @@ pub fn load_block(
         BlockType::Data | BlockType::Meta => {
             metrics.data_block_load_io.fetch_add(1, Relaxed);
 
-            metrics.data_block_io_requested.fetch_add(handle.size().into(), Relaxed);
+            metrics
+                .data_block_io_requested
+                .fetch_add(handle.size().into(), Relaxed);
         }
         _ => {}
     }
@@ -117,7 +123,10 @@ pub fn load_block(
 
 #[must_use]
 pub fn longest_shared_prefix_length(s1: &[u8], s2: &[u8]) -> usize {
-    s1.iter().zip(s2.iter()).take_while(|(c1, c2)| c1 == c2).count()
+    s1.iter()
+        .zip(s2.iter())
+        .take_while(|(c1, c2)| c1 == c2)
+        .count()
 }
 
 #[must_use]
@@ -201,8 +210,14 @@ mod tests {
         assert_eq!(Greater, compare_prefixed_slice(b"ab", b"cde", b"a"));
         assert_eq!(Greater, compare_prefixed_slice(b"abcd", b"zz", b"abc"));
         assert_eq!(Greater, compare_prefixed_slice(b"abc", b"d", b"abc"));
-        assert_eq!(Greater, compare_prefixed_slice(b"aaaa", b"aaab", b"aaaaaaaa"));
-        assert_eq!(Greater, compare_prefixed_slice(b"aaaa", b"aaba", b"aaaaaaaa"));
+        assert_eq!(
+            Greater,
+            compare_prefixed_slice(b"aaaa", b"aaab", b"aaaaaaaa")
+        );
+        assert_eq!(
+            Greater,
+            compare_prefixed_slice(b"aaaa", b"aaba", b"aaaaaaaa")
+        );
         assert_eq!(Greater, compare_prefixed_slice(b"abcd", b"x", b"abc"));
 
         assert_eq!(Less, compare_prefixed_slice(&[0x7F], &[], &[0x80]));

@@ -3,7 +3,10 @@
 // (found in the LICENSE-* files in the repository)
 
 use super::Tree;
-use crate::{config::FilterPolicyEntry, table::multi_writer::MultiWriter, BlobIndirection, SeqNo, UserKey, UserValue};
+use crate::{
+    config::FilterPolicyEntry, table::multi_writer::MultiWriter, BlobIndirection, SeqNo, UserKey,
+    UserValue,
+};
 use std::path::PathBuf;
 
 pub const INITIAL_CANONICAL_LEVEL: usize = 1;
@@ -32,7 +35,10 @@ impl<'a> Ingestion<'a> {
         let folder = tree.config.path.join(crate::file::TABLES_FOLDER);
         log::debug!("Ingesting into tables in {}", folder.display());
 
-        let index_partitioning = tree.config.index_block_partitioning_policy.get(INITIAL_CANONICAL_LEVEL);
+        let index_partitioning = tree
+            .config
+            .index_block_partitioning_policy
+            .get(INITIAL_CANONICAL_LEVEL);
 
         let filter_partitioning = tree
             .config
@@ -40,30 +46,53 @@ impl<'a> Ingestion<'a> {
             .get(INITIAL_CANONICAL_LEVEL);
 
         // TODO: maybe create a PrepareMultiWriter that can be used by flush, ingest and compaction worker
-        let mut writer = MultiWriter::new(folder.clone(), tree.table_id_counter.clone(), 64 * 1_024 * 1_024, 6)?
-            .use_bloom_policy({
-                if tree.config.expect_point_read_hits {
-                    crate::config::BloomConstructionPolicy::BitsPerKey(0.0)
-                } else if let FilterPolicyEntry::Bloom(p) = tree.config.filter_policy.get(INITIAL_CANONICAL_LEVEL) {
-                    p
-                } else {
-                    crate::config::BloomConstructionPolicy::BitsPerKey(0.0)
-                }
-            })
-            .use_data_block_size(tree.config.data_block_size_policy.get(INITIAL_CANONICAL_LEVEL))
-            .use_data_block_hash_ratio(tree.config.data_block_hash_ratio_policy.get(INITIAL_CANONICAL_LEVEL))
-            .use_data_block_compression(tree.config.data_block_compression_policy.get(INITIAL_CANONICAL_LEVEL))
-            .use_index_block_compression(tree.config.index_block_compression_policy.get(INITIAL_CANONICAL_LEVEL))
-            .use_data_block_restart_interval(
-                tree.config
-                    .data_block_restart_interval_policy
-                    .get(INITIAL_CANONICAL_LEVEL),
-            )
-            .use_index_block_restart_interval(
-                tree.config
-                    .index_block_restart_interval_policy
-                    .get(INITIAL_CANONICAL_LEVEL),
-            );
+        let mut writer = MultiWriter::new(
+            folder.clone(),
+            tree.table_id_counter.clone(),
+            64 * 1_024 * 1_024,
+            6,
+        )?
+        .use_bloom_policy({
+            if tree.config.expect_point_read_hits {
+                crate::config::BloomConstructionPolicy::BitsPerKey(0.0)
+            } else if let FilterPolicyEntry::Bloom(p) =
+                tree.config.filter_policy.get(INITIAL_CANONICAL_LEVEL)
+            {
+                p
+            } else {
+                crate::config::BloomConstructionPolicy::BitsPerKey(0.0)
+            }
+        })
+        .use_data_block_size(
+            tree.config
+                .data_block_size_policy
+                .get(INITIAL_CANONICAL_LEVEL),
+        )
+        .use_data_block_hash_ratio(
+            tree.config
+                .data_block_hash_ratio_policy
+                .get(INITIAL_CANONICAL_LEVEL),
+        )
+        .use_data_block_compression(
+            tree.config
+                .data_block_compression_policy
+                .get(INITIAL_CANONICAL_LEVEL),
+        )
+        .use_index_block_compression(
+            tree.config
+                .index_block_compression_policy
+                .get(INITIAL_CANONICAL_LEVEL),
+        )
+        .use_data_block_restart_interval(
+            tree.config
+                .data_block_restart_interval_policy
+                .get(INITIAL_CANONICAL_LEVEL),
+        )
+        .use_index_block_restart_interval(
+            tree.config
+                .index_block_restart_interval_policy
+                .get(INITIAL_CANONICAL_LEVEL),
+        );
 
         if index_partitioning {
             writer = writer.use_partitioned_index();
@@ -86,11 +115,18 @@ impl<'a> Ingestion<'a> {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub(crate) fn write_indirection(&mut self, key: UserKey, indirection: BlobIndirection) -> crate::Result<()> {
+    pub(crate) fn write_indirection(
+        &mut self,
+        key: UserKey,
+        indirection: BlobIndirection,
+    ) -> crate::Result<()> {
         use crate::coding::Encode;
 
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         let cloned_key = key.clone();
@@ -116,7 +152,10 @@ impl<'a> Ingestion<'a> {
     /// Will return `Err` if an IO error occurs.
     pub fn write(&mut self, key: UserKey, value: UserValue) -> crate::Result<()> {
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         self.writer.write(crate::InternalValue::from_components(
@@ -139,7 +178,10 @@ impl<'a> Ingestion<'a> {
     /// Will return `Err` if an IO error occurs.
     pub fn write_tombstone(&mut self, key: UserKey) -> crate::Result<()> {
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         self.writer.write(crate::InternalValue::from_components(
@@ -162,7 +204,10 @@ impl<'a> Ingestion<'a> {
     /// Will return `Err` if an IO error occurs.
     pub fn write_weak_tombstone(&mut self, key: UserKey) -> crate::Result<()> {
         if let Some(prev) = &self.last_key {
-            assert!(key > *prev, "next key in ingestion must be greater than last key");
+            assert!(
+                key > *prev,
+                "next key in ingestion must be greater than last key"
+            );
         }
 
         self.writer.write(crate::InternalValue::from_components(

@@ -20,7 +20,8 @@ use crate::{
     value::InternalValue,
     version::{recovery::recover, SuperVersion, SuperVersions, Version},
     vlog::BlobFile,
-    AbstractTree, Checksum, KvPair, SeqNo, SequenceNumberCounter, TableId, UserKey, UserValue, ValueType,
+    AbstractTree, Checksum, KvPair, SeqNo, SequenceNumberCounter, TableId, UserKey, UserValue,
+    ValueType,
 };
 use inner::{TreeId, TreeInner};
 use std::{
@@ -36,7 +37,10 @@ use crate::metrics::Metrics;
 pub struct Guard(crate::Result<(UserKey, UserValue)>);
 
 impl IterGuard for Guard {
-    fn into_inner_if(self, pred: impl Fn(&UserKey) -> bool) -> crate::Result<(UserKey, Option<UserValue>)> {
+    fn into_inner_if(
+        self,
+        pred: impl Fn(&UserKey) -> bool,
+    ) -> crate::Result<(UserKey, Option<UserValue>)> {
         let (k, v) = self.0?;
 
         if pred(&k) {
@@ -82,10 +86,15 @@ impl std::ops::Deref for Tree {
 
 impl AbstractTree for Tree {
     fn table_file_cache_size(&self) -> usize {
-        self.config.descriptor_table.as_ref().map_or(0, |dt| dt.len())
+        self.config
+            .descriptor_table
+            .as_ref()
+            .map_or(0, |dt| dt.len())
     }
 
-    fn get_version_history_lock(&self) -> std::sync::RwLockWriteGuard<'_, crate::version::SuperVersions> {
+    fn get_version_history_lock(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, crate::version::SuperVersions> {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
         self.version_history.write().expect("lock is poisoned")
     }
@@ -104,7 +113,11 @@ impl AbstractTree for Tree {
 
     fn print_trace(&self, key: &[u8]) -> crate::Result<()> {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let super_version = self.version_history.read().expect("lock is poisoned").latest_version();
+        let super_version = self
+            .version_history
+            .read()
+            .expect("lock is poisoned")
+            .latest_version();
 
         let key = Slice::from(key);
 
@@ -154,7 +167,11 @@ impl AbstractTree for Tree {
 
     fn current_version(&self) -> Version {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        self.version_history.read().expect("poisoned").latest_version().version
+        self.version_history
+            .read()
+            .expect("poisoned")
+            .latest_version()
+            .version
     }
 
     fn get_flush_lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -169,7 +186,10 @@ impl AbstractTree for Tree {
 
     fn version_free_list_len(&self) -> usize {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        self.version_history.read().expect("lock is poisoned").free_list_len()
+        self.version_history
+            .read()
+            .expect("lock is poisoned")
+            .free_list_len()
     }
 
     fn prefix<K: AsRef<[u8]>>(
@@ -198,7 +218,10 @@ impl AbstractTree for Tree {
 
     /// Returns the number of tombstones in the tree.
     fn tombstone_count(&self) -> u64 {
-        self.current_version().iter_tables().map(Table::tombstone_count).sum()
+        self.current_version()
+            .iter_tables()
+            .map(Table::tombstone_count)
+            .sum()
     }
 
     /// Returns the number of weak tombstones (single deletes) in the tree.
@@ -228,7 +251,11 @@ impl AbstractTree for Tree {
 
         // IMPORTANT: Write lock so we can be the only compaction going on
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let _lock = self.0.major_compaction_lock.write().expect("lock is poisoned");
+        let _lock = self
+            .0
+            .major_compaction_lock
+            .write()
+            .expect("lock is poisoned");
 
         log::info!("Starting drop_range compaction");
         self.inner_compact(strategy, 0)
@@ -262,7 +289,11 @@ impl AbstractTree for Tree {
 
         // IMPORTANT: Write lock so we can be the only compaction going on
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let _lock = self.0.major_compaction_lock.write().expect("lock is poisoned");
+        let _lock = self
+            .0
+            .major_compaction_lock
+            .write()
+            .expect("lock is poisoned");
 
         log::info!("Starting major compaction");
         self.inner_compact(strategy, seqno_threshold)
@@ -341,22 +372,27 @@ impl AbstractTree for Tree {
             folder.display(),
         );
 
-        let mut table_writer = MultiWriter::new(folder.clone(), self.table_id_counter.clone(), 64 * 1_024 * 1_024, 0)?
-            .use_data_block_restart_interval(data_block_restart_interval)
-            .use_index_block_restart_interval(index_block_restart_interval)
-            .use_data_block_compression(data_block_compression)
-            .use_index_block_compression(index_block_compression)
-            .use_data_block_size(data_block_size)
-            .use_data_block_hash_ratio(data_block_hash_ratio)
-            .use_bloom_policy({
-                use crate::config::FilterPolicyEntry::{Bloom, None};
-                use crate::table::filter::BloomConstructionPolicy;
+        let mut table_writer = MultiWriter::new(
+            folder.clone(),
+            self.table_id_counter.clone(),
+            64 * 1_024 * 1_024,
+            0,
+        )?
+        .use_data_block_restart_interval(data_block_restart_interval)
+        .use_index_block_restart_interval(index_block_restart_interval)
+        .use_data_block_compression(data_block_compression)
+        .use_index_block_compression(index_block_compression)
+        .use_data_block_size(data_block_size)
+        .use_data_block_hash_ratio(data_block_hash_ratio)
+        .use_bloom_policy({
+            use crate::config::FilterPolicyEntry::{Bloom, None};
+            use crate::table::filter::BloomConstructionPolicy;
 
-                match self.config.filter_policy.get(0) {
-                    Bloom(policy) => policy,
-                    None => BloomConstructionPolicy::BitsPerKey(0.0),
-                }
-            });
+            match self.config.filter_policy.get(0) {
+                Bloom(policy) => policy,
+                None => BloomConstructionPolicy::BitsPerKey(0.0),
+            }
+        });
 
         if index_partitioning {
             table_writer = table_writer.use_partitioned_index();
@@ -423,12 +459,7 @@ impl AbstractTree for Tree {
         // (eventfold patch: under a read lock; only flushes, which hold the compaction
         // state lock, and `clear` remove sealed memtables)
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let sealed = self
-            .version_history
-            .read()
-            .expect("lock is poisoned")
-            .latest_version()
-            .sealed_memtables;
+        let sealed = self.version_history.read().expect("lock is poisoned").latest_version().sealed_memtables;
         if sealed_memtables_to_delete.iter().any(|id| !sealed.contains(id)) {
             log::debug!("Not registering tables because flush task processed some sealed memtables which do not exist (anymore)");
             return Ok(());
@@ -442,9 +473,11 @@ impl AbstractTree for Tree {
                 |current| {
                     let mut copy = current.clone();
 
-                    copy.version = copy
-                        .version
-                        .with_new_l0_run(tables, blob_files, frag_map.filter(|x| !x.is_empty()));
+                    copy.version = copy.version.with_new_l0_run(
+                        tables,
+                        blob_files,
+                        frag_map.filter(|x| !x.is_empty()),
+                    );
 
                     for &table_id in sealed_memtables_to_delete {
                         log::trace!("releasing sealed memtable #{table_id}");
@@ -488,12 +521,20 @@ impl AbstractTree for Tree {
         log::trace!("cleared active memtable");
     }
 
-    fn compact(&self, strategy: Arc<dyn CompactionStrategy>, seqno_threshold: SeqNo) -> crate::Result<()> {
+    fn compact(
+        &self,
+        strategy: Arc<dyn CompactionStrategy>,
+        seqno_threshold: SeqNo,
+    ) -> crate::Result<()> {
         // NOTE: Read lock major compaction lock
         // That way, if a major compaction is running, we cannot proceed
         // But in general, parallel (non-major) compactions can occur
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let _lock = self.0.major_compaction_lock.read().expect("lock is poisoned");
+        let _lock = self
+            .0
+            .major_compaction_lock
+            .read()
+            .expect("lock is poisoned");
 
         self.inner_compact(strategy, seqno_threshold)
     }
@@ -529,14 +570,18 @@ impl AbstractTree for Tree {
 
         let mut copy = version_history_lock.latest_version();
         copy.active_memtable = Arc::new(Memtable::new(self.memtable_id_counter.next()));
-        copy.sealed_memtables = Arc::new(super_version.sealed_memtables.add(yanked_memtable.clone()));
+        copy.sealed_memtables =
+            Arc::new(super_version.sealed_memtables.add(yanked_memtable.clone()));
 
         // Rotate does not modify the memtable so it cannot break snapshots
         copy.seqno = super_version.seqno;
 
         version_history_lock.replace_latest_version(copy);
 
-        log::trace!("rotate: added memtable id={} to sealed memtables", yanked_memtable.id,);
+        log::trace!(
+            "rotate: added memtable id={} to sealed memtables",
+            yanked_memtable.id,
+        );
 
         Some(yanked_memtable)
     }
@@ -551,7 +596,11 @@ impl AbstractTree for Tree {
 
     fn approximate_len(&self) -> usize {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let super_version = self.version_history.read().expect("lock is poisoned").latest_version();
+        let super_version = self
+            .version_history
+            .read()
+            .expect("lock is poisoned")
+            .latest_version();
 
         let tables_item_count = self
             .current_version()
@@ -560,7 +609,11 @@ impl AbstractTree for Tree {
             .sum::<u64>();
 
         let memtable_count = super_version.active_memtable.len() as u64;
-        let sealed_count = super_version.sealed_memtables.iter().map(|mt| mt.len()).sum::<usize>() as u64;
+        let sealed_count = super_version
+            .sealed_memtables
+            .iter()
+            .map(|mt| mt.len())
+            .sum::<usize>() as u64;
 
         #[expect(clippy::expect_used, reason = "result should fit into usize")]
         (memtable_count + sealed_count + tables_item_count)
@@ -577,7 +630,11 @@ impl AbstractTree for Tree {
 
     fn get_highest_memtable_seqno(&self) -> Option<SeqNo> {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let version = self.version_history.read().expect("lock is poisoned").latest_version();
+        let version = self
+            .version_history
+            .read()
+            .expect("lock is poisoned")
+            .latest_version();
 
         let active = version.active_memtable.get_highest_seqno();
 
@@ -592,14 +649,24 @@ impl AbstractTree for Tree {
     }
 
     fn get_highest_persisted_seqno(&self) -> Option<SeqNo> {
-        self.current_version().iter_tables().map(Table::get_highest_seqno).max()
+        self.current_version()
+            .iter_tables()
+            .map(Table::get_highest_seqno)
+            .max()
     }
 
     fn get<K: AsRef<[u8]>>(&self, key: K, seqno: SeqNo) -> crate::Result<Option<UserValue>> {
-        Ok(self.get_internal_entry(key.as_ref(), seqno)?.map(|x| x.value))
+        Ok(self
+            .get_internal_entry(key.as_ref(), seqno)?
+            .map(|x| x.value))
     }
 
-    fn insert<K: Into<UserKey>, V: Into<UserValue>>(&self, key: K, value: V, seqno: SeqNo) -> (u64, u64) {
+    fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &self,
+        key: K,
+        value: V,
+        seqno: SeqNo,
+    ) -> (u64, u64) {
         let value = InternalValue::from_components(key, value, seqno, ValueType::Value);
         self.append_entry(value)
     }
@@ -655,7 +722,9 @@ impl Tree {
         }
 
         // Now look in sealed memtables
-        if let Some(entry) = Self::get_internal_entry_from_sealed_memtables(super_version, key, seqno) {
+        if let Some(entry) =
+            Self::get_internal_entry_from_sealed_memtables(super_version, key, seqno)
+        {
             return Ok(ignore_tombstone_value(entry));
         }
 
@@ -733,7 +802,9 @@ impl Tree {
     ///
     /// Callers can use the flag to detect empty ranges and skip further work
     /// while still having access to the normalized bounds for non-empty cases.
-    fn range_bounds_to_owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(range: &R) -> (OwnedBounds, bool) {
+    fn range_bounds_to_owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        range: &R,
+    ) -> (OwnedBounds, bool) {
         use Bound::{Excluded, Included, Unbounded};
 
         let start = match range.start_bound() {
@@ -748,11 +819,12 @@ impl Tree {
             Unbounded => Unbounded,
         };
 
-        let is_empty = if let (Included(lo) | Excluded(lo), Included(hi) | Excluded(hi)) = (&start, &end) {
-            lo.as_ref() > hi.as_ref()
-        } else {
-            false
-        };
+        let is_empty =
+            if let (Included(lo) | Excluded(lo), Included(hi) | Excluded(hi)) = (&start, &end) {
+                lo.as_ref() > hi.as_ref()
+            } else {
+                false
+            };
 
         (OwnedBounds { start, end }, is_empty)
     }
@@ -800,7 +872,11 @@ impl Tree {
             .is_empty()
     }
 
-    fn inner_compact(&self, strategy: Arc<dyn CompactionStrategy>, mvcc_gc_watermark: SeqNo) -> crate::Result<()> {
+    fn inner_compact(
+        &self,
+        strategy: Arc<dyn CompactionStrategy>,
+        mvcc_gc_watermark: SeqNo,
+    ) -> crate::Result<()> {
         use crate::compaction::worker::{do_compaction, Options};
 
         let mut opts = Options::from_tree(self, strategy);
@@ -921,7 +997,11 @@ impl Tree {
             config.level_count = manifest.level_count;
         }
 
-        let highest_table_id = version.iter_tables().map(Table::id).max().unwrap_or_default();
+        let highest_table_id = version
+            .iter_tables()
+            .map(Table::id)
+            .max()
+            .unwrap_or_default();
 
         let inner = TreeInner {
             id: tree_id,
@@ -983,11 +1063,16 @@ impl Tree {
             for (level_idx, table_ids) in recovery.table_ids.iter().enumerate() {
                 for run in table_ids {
                     for table in run {
-                        #[expect(clippy::expect_used, reason = "there are always less than 256 levels")]
+                        #[expect(
+                            clippy::expect_used,
+                            reason = "there are always less than 256 levels"
+                        )]
                         result.insert(
                             table.id,
                             (
-                                level_idx.try_into().expect("there are less than 256 levels"),
+                                level_idx
+                                    .try_into()
+                                    .expect("there are less than 256 levels"),
                                 table.checksum,
                                 table.global_seqno,
                             ),
@@ -1075,7 +1160,10 @@ impl Tree {
         }
 
         if tables.len() < cnt {
-            log::error!("Recovered less tables than expected: {:?}", table_map.keys(),);
+            log::error!(
+                "Recovered less tables than expected: {:?}",
+                table_map.keys(),
+            );
             return Err(crate::Error::Unrecoverable);
         }
 
@@ -1107,7 +1195,10 @@ impl Tree {
         Ok(version)
     }
 
-    fn cleanup_orphaned_version(path: &Path, latest_version_id: crate::version::VersionId) -> crate::Result<()> {
+    fn cleanup_orphaned_version(
+        path: &Path,
+        latest_version_id: crate::version::VersionId,
+    ) -> crate::Result<()> {
         let version_str = format!("v{latest_version_id}");
 
         for file in std::fs::read_dir(path)? {

@@ -98,7 +98,10 @@ impl Level {
     }
 
     pub fn list_ids(&self) -> HashSet<TableId> {
-        self.iter().flat_map(|run| run.iter()).map(Table::id).collect()
+        self.iter()
+            .flat_map(|run| run.iter())
+            .map(Table::id)
+            .collect()
     }
 
     pub fn first_run(&self) -> Option<&Arc<Run<Table>>> {
@@ -107,15 +110,28 @@ impl Level {
 
     /// Returns the on-disk size of the level.
     pub fn size(&self) -> u64 {
-        self.0.iter().flat_map(|x| x.iter()).map(Table::file_size).sum()
+        self.0
+            .iter()
+            .flat_map(|x| x.iter())
+            .map(Table::file_size)
+            .sum()
     }
 
     pub fn aggregate_key_range(&self) -> KeyRange {
         if self.run_count() == 1 {
-            #[expect(clippy::expect_used, reason = "we check for run_count, so the first run must exist")]
-            self.runs.first().expect("should exist").aggregate_key_range()
+            #[expect(
+                clippy::expect_used,
+                reason = "we check for run_count, so the first run must exist"
+            )]
+            self.runs
+                .first()
+                .expect("should exist")
+                .aggregate_key_range()
         } else {
-            let key_ranges = self.iter().map(|x| Run::aggregate_key_range(x)).collect::<Vec<_>>();
+            let key_ranges = self
+                .iter()
+                .map(|x| Run::aggregate_key_range(x))
+                .collect::<Vec<_>>();
 
             KeyRange::aggregate(key_ranges.iter())
         }
@@ -206,7 +222,11 @@ impl Version {
         }
     }
 
-    pub(crate) fn from_recovery(recovery: Recovery, tables: &[Table], blob_files: &[BlobFile]) -> crate::Result<Self> {
+    pub(crate) fn from_recovery(
+        recovery: Recovery,
+        tables: &[Table],
+        blob_files: &[BlobFile],
+    ) -> crate::Result<Self> {
         let version_levels = recovery
             .table_ids
             .iter()
@@ -288,7 +308,10 @@ impl Version {
 
     /// Returns an iterator over all tables.
     pub fn iter_tables(&self) -> impl Iterator<Item = &Table> {
-        self.levels.iter().flat_map(|x| x.iter()).flat_map(|x| x.iter())
+        self.levels
+            .iter()
+            .flat_map(|x| x.iter())
+            .flat_map(|x| x.iter())
     }
 
     pub(crate) fn get_table(&self, id: TableId) -> Option<&Table> {
@@ -375,7 +398,11 @@ impl Version {
     /// Returns a new version with a list of tables removed.
     ///
     /// The table files are not immediately deleted, this is handled by the version system's free list.
-    pub fn with_dropped(&self, ids: &[TableId], dropped_blob_files: &mut Vec<BlobFile>) -> crate::Result<Self> {
+    pub fn with_dropped(
+        &self,
+        ids: &[TableId],
+        dropped_blob_files: &mut Vec<BlobFile>,
+    ) -> crate::Result<Self> {
         let id = self.id + 1;
 
         let mut levels = vec![];
@@ -390,7 +417,9 @@ impl Version {
                     // TODO: don't clone Arc inner if we don't need to modify
                     let mut run: Run<_> = run.deref().clone();
 
-                    let removed_tables = run.inner_mut().extract_if(.., |x| ids.contains(&x.metadata.id));
+                    let removed_tables = run
+                        .inner_mut()
+                        .extract_if(.., |x| ids.contains(&x.metadata.id));
 
                     dropped_tables.extend(removed_tables);
 
@@ -419,7 +448,11 @@ impl Version {
                             counter.len += blob_file.len;
                         })
                         .or_insert_with(|| {
-                            FragmentationEntry::new(blob_file.len, blob_file.bytes, blob_file.on_disk_bytes)
+                            FragmentationEntry::new(
+                                blob_file.len,
+                                blob_file.bytes,
+                                blob_file.on_disk_bytes,
+                            )
                         });
                 }
             }
@@ -485,7 +518,8 @@ impl Version {
 
         let has_diff = diff.is_some();
 
-        let value_log = if has_diff || !new_blob_files.is_empty() || !blob_files_to_drop.is_empty() {
+        let value_log = if has_diff || !new_blob_files.is_empty() || !blob_files_to_drop.is_empty()
+        {
             let mut copy = self.blob_files.deref().clone();
 
             for blob_file in new_blob_files {
@@ -602,7 +636,10 @@ impl Version {
         writer.write_u8(self.tree_type.into())?;
 
         writer.start("level_count")?;
-        #[expect(clippy::cast_possible_truncation, reason = "level count is bounded by 255")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "level count is bounded by 255"
+        )]
         writer.write_u8(self.level_count() as u8)?;
 
         writer.start("filter_hash_type")?;
@@ -615,12 +652,18 @@ impl Version {
         writer.start("tables")?;
 
         // Level count
-        #[expect(clippy::cast_possible_truncation, reason = "there are always less than 256 levels")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "there are always less than 256 levels"
+        )]
         writer.write_u8(self.level_count() as u8)?;
 
         for level in self.iter_levels() {
             // Run count
-            #[expect(clippy::cast_possible_truncation, reason = "there are always less than 256 runs")]
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "there are always less than 256 runs"
+            )]
             writer.write_u8(level.len() as u8)?;
 
             for run in level.iter() {

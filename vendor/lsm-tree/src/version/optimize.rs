@@ -29,7 +29,10 @@ pub fn optimize_runs<T: Clone + Ranged>(runs: Vec<Run<T>>) -> Vec<Run<T>> {
                 if let Some(target) = target {
                     target.push(table.clone());
                 } else {
-                    #[expect(clippy::expect_used, reason = "we pass in a table, so the run cannot be None")]
+                    #[expect(
+                        clippy::expect_used,
+                        reason = "we pass in a table, so the run cannot be None"
+                    )]
                     new_runs.push(Run::new(vec![table.clone()]).expect("run should not be empty"));
                 }
             }
@@ -140,7 +143,10 @@ mod tests {
         ];
         let runs = optimize_runs::<FakeTable>(runs);
 
-        assert_eq!(vec![Run::new(vec![s(0, "a", "c"), s(1, "d", "f")]).unwrap()], &*runs,);
+        assert_eq!(
+            vec![Run::new(vec![s(0, "a", "c"), s(1, "d", "f")]).unwrap()],
+            &*runs,
+        );
     }
 
     #[test]
@@ -151,7 +157,10 @@ mod tests {
         ];
         let runs = optimize_runs::<FakeTable>(runs);
 
-        assert_eq!(vec![Run::new(vec![s(0, "a", "c"), s(1, "d", "f")]).unwrap()], &*runs,);
+        assert_eq!(
+            vec![Run::new(vec![s(0, "a", "c"), s(1, "d", "f")]).unwrap()],
+            &*runs,
+        );
     }
 
     #[test]

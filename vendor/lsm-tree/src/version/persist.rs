@@ -10,7 +10,11 @@ use std::{
 };
 
 pub fn persist_version(folder: &Path, version: &Version) -> crate::Result<()> {
-    log::trace!("Persisting version {} in {}", version.id(), folder.display(),);
+    log::trace!(
+        "Persisting version {} in {}",
+        version.id(),
+        folder.display(),
+    );
 
     let path = folder.join(format!("v{}", version.id()));
     let file = retry_transient_io(|| std::fs::File::create(&path))?;
@@ -65,7 +69,10 @@ mod tests {
 
         persist_version(dir.path(), &version)?;
 
-        assert_ne!(b"partial".as_slice(), &*std::fs::read(dir.path().join("v0"))?);
+        assert_ne!(
+            b"partial".as_slice(),
+            &*std::fs::read(dir.path().join("v0"))?
+        );
         assert!(dir.path().join(CURRENT_VERSION_FILE).try_exists()?);
 
         Ok(())

@@ -3,8 +3,8 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    coding::Decode, file::CURRENT_VERSION_FILE, version::VersionId, vlog::BlobFileId, Checksum, SeqNo, TableId,
-    TreeType,
+    coding::Decode, file::CURRENT_VERSION_FILE, version::VersionId, vlog::BlobFileId, Checksum,
+    SeqNo, TableId, TreeType,
 };
 use byteorder::{LittleEndian, ReadBytesExt};
 use std::path::Path;
@@ -37,7 +37,10 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
 
     // TODO: maybe validate current version using the checksum in "current"
 
-    log::info!("Recovering current manifest at {}", version_file_path.display(),);
+    log::info!(
+        "Recovering current manifest at {}",
+        version_file_path.display(),
+    );
 
     let reader = sfa::Reader::new(&version_file_path)?;
     let toc = reader.toc();
@@ -96,9 +99,7 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
             .section(b"blob_files")
             .ok_or(crate::Error::Unrecoverable)
             .inspect_err(|_| {
-                log::error!(
-                    "blob_files section not found in version #{curr_version_id} - maybe the file is corrupted?"
-                );
+                log::error!("blob_files section not found in version #{curr_version_id} - maybe the file is corrupted?");
             })?
             .buf_reader(&version_file_path)?;
 
@@ -131,9 +132,7 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
             .section(b"blob_gc_stats")
             .ok_or(crate::Error::Unrecoverable)
             .inspect_err(|_| {
-                log::error!(
-                    "blob_gc_stats section not found in version #{curr_version_id} - maybe the file is corrupted?"
-                );
+                log::error!("blob_gc_stats section not found in version #{curr_version_id} - maybe the file is corrupted?");
             })?
             .buf_reader(&version_file_path)?;
 
@@ -142,16 +141,14 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
 
     Ok(Recovery {
         tree_type: {
-            let byte = toc
-                .section(b"tree_type")
-                .ok_or(crate::Error::Unrecoverable)
-                .inspect_err(|_| {
-                    log::error!(
-                        "tree_type section not found in version #{curr_version_id} - maybe the file is corrupted?"
-                    );
-                })?
-                .buf_reader(&version_file_path)?
-                .read_u8()?;
+            let byte = toc.section(b"tree_type").ok_or(crate::Error::Unrecoverable)
+            .inspect_err(|_|{
+                log::error!("tree_type section not found in version #{curr_version_id} - maybe the file is corrupted?");
+            })?
+            .buf_reader(
+                &version_file_path
+            )?
+            .read_u8()?;
 
             TreeType::try_from(byte).map_err(|()| crate::Error::InvalidHeader("TreeType"))?
         },

@@ -76,7 +76,8 @@ impl<T: Ranged> Run<T> {
     pub fn push(&mut self, item: T) {
         self.0.push(item);
 
-        self.0.sort_by(|a, b| a.key_range().min().cmp(b.key_range().min()));
+        self.0
+            .sort_by(|a, b| a.key_range().min().cmp(b.key_range().min()));
     }
 
     pub fn extend(&mut self, items: Vec<T>) {
@@ -152,13 +153,20 @@ impl<T: Ranged> Run<T> {
     }
 
     /// Returns the indexes of the interval [min, max] of tables that overlap with a given range.
-    pub fn range_overlap_indexes<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, key_range: &R) -> Option<(usize, usize)> {
+    pub fn range_overlap_indexes<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        key_range: &R,
+    ) -> Option<(usize, usize)> {
         let level = &self.0;
 
         let lo = match key_range.start_bound() {
             Bound::Unbounded => 0,
-            Bound::Included(start_key) => level.partition_point(|x| x.key_range().max() < start_key),
-            Bound::Excluded(start_key) => level.partition_point(|x| x.key_range().max() <= start_key),
+            Bound::Included(start_key) => {
+                level.partition_point(|x| x.key_range().max() < start_key)
+            }
+            Bound::Excluded(start_key) => {
+                level.partition_point(|x| x.key_range().max() <= start_key)
+            }
         };
 
         if lo >= level.len() {
@@ -228,15 +236,28 @@ mod tests {
 
     #[test]
     fn run_aggregate_key_range() {
-        let items = vec![s(0, "a", "d"), s(1, "e", "j"), s(2, "k", "o"), s(3, "p", "z")];
+        let items = vec![
+            s(0, "a", "d"),
+            s(1, "e", "j"),
+            s(2, "k", "o"),
+            s(3, "p", "z"),
+        ];
         let run = Run(items);
 
-        assert_eq!(KeyRange::new((b"a".into(), b"z".into())), run.aggregate_key_range(),);
+        assert_eq!(
+            KeyRange::new((b"a".into(), b"z".into())),
+            run.aggregate_key_range(),
+        );
     }
 
     #[test]
     fn run_point_lookup() {
-        let items = vec![s(0, "a", "d"), s(1, "e", "j"), s(2, "k", "o"), s(3, "p", "z")];
+        let items = vec![
+            s(0, "a", "d"),
+            s(1, "e", "j"),
+            s(2, "k", "o"),
+            s(3, "p", "z"),
+        ];
         let run = Run(items);
 
         assert_eq!(0, run.get_for_key(b"a").unwrap().id);
@@ -255,28 +276,67 @@ mod tests {
 
     #[test]
     fn run_range_culling() {
-        let items = vec![s(0, "a", "d"), s(1, "e", "j"), s(2, "k", "o"), s(3, "p", "z")];
+        let items = vec![
+            s(0, "a", "d"),
+            s(1, "e", "j"),
+            s(2, "k", "o"),
+            s(3, "p", "z"),
+        ];
         let run = Run(items);
 
         assert_eq!(Some((0, 3)), run.range_overlap_indexes::<&[u8], _>(&..));
-        assert_eq!(Some((0, 0)), run.range_overlap_indexes(&(b"a" as &[u8]..=b"a")));
-        assert_eq!(Some((0, 0)), run.range_overlap_indexes(&(b"a" as &[u8]..=b"b")));
-        assert_eq!(Some((0, 0)), run.range_overlap_indexes(&(b"a" as &[u8]..=b"d")));
-        assert_eq!(Some((0, 0)), run.range_overlap_indexes(&(b"d" as &[u8]..=b"d")));
-        assert_eq!(Some((0, 0)), run.range_overlap_indexes(&(b"a" as &[u8]..b"d")));
-        assert_eq!(Some((0, 1)), run.range_overlap_indexes(&(b"a" as &[u8]..=b"g")));
-        assert_eq!(Some((1, 1)), run.range_overlap_indexes(&(b"j" as &[u8]..=b"j")));
-        assert_eq!(Some((0, 3)), run.range_overlap_indexes(&(b"a" as &[u8]..=b"z")));
-        assert_eq!(Some((3, 3)), run.range_overlap_indexes(&(b"z" as &[u8]..=b"zzz")));
+        assert_eq!(
+            Some((0, 0)),
+            run.range_overlap_indexes(&(b"a" as &[u8]..=b"a"))
+        );
+        assert_eq!(
+            Some((0, 0)),
+            run.range_overlap_indexes(&(b"a" as &[u8]..=b"b"))
+        );
+        assert_eq!(
+            Some((0, 0)),
+            run.range_overlap_indexes(&(b"a" as &[u8]..=b"d"))
+        );
+        assert_eq!(
+            Some((0, 0)),
+            run.range_overlap_indexes(&(b"d" as &[u8]..=b"d"))
+        );
+        assert_eq!(
+            Some((0, 0)),
+            run.range_overlap_indexes(&(b"a" as &[u8]..b"d"))
+        );
+        assert_eq!(
+            Some((0, 1)),
+            run.range_overlap_indexes(&(b"a" as &[u8]..=b"g"))
+        );
+        assert_eq!(
+            Some((1, 1)),
+            run.range_overlap_indexes(&(b"j" as &[u8]..=b"j"))
+        );
+        assert_eq!(
+            Some((0, 3)),
+            run.range_overlap_indexes(&(b"a" as &[u8]..=b"z"))
+        );
+        assert_eq!(
+            Some((3, 3)),
+            run.range_overlap_indexes(&(b"z" as &[u8]..=b"zzz"))
+        );
         assert_eq!(Some((3, 3)), run.range_overlap_indexes(&(b"z" as &[u8]..)));
-        assert!(run.range_overlap_indexes(&(b"zzz" as &[u8]..=b"zzzzzzz")).is_none());
+        assert!(run
+            .range_overlap_indexes(&(b"zzz" as &[u8]..=b"zzzzzzz"))
+            .is_none());
     }
 
     #[test]
     fn run_range_contained() {
         use crate::TableId;
 
-        let items = vec![s(0, "a", "d"), s(1, "e", "j"), s(2, "k", "o"), s(3, "p", "z")];
+        let items = vec![
+            s(0, "a", "d"),
+            s(1, "e", "j"),
+            s(2, "k", "o"),
+            s(3, "p", "z"),
+        ];
         let run = Run(items);
 
         assert_eq!(
@@ -336,7 +396,12 @@ mod tests {
 
     #[test]
     fn run_range_overlaps() {
-        let items = vec![s(0, "a", "d"), s(1, "e", "j"), s(2, "k", "o"), s(3, "p", "z")];
+        let items = vec![
+            s(0, "a", "d"),
+            s(1, "e", "j"),
+            s(2, "k", "o"),
+            s(3, "p", "z"),
+        ];
         let run = Run(items);
 
         assert_eq!(

@@ -49,7 +49,8 @@ enum Garbage {
 /// version refers to any more is garbage; one a crash leaves behind is removed at
 /// recovery (`cleanup_orphaned_version`).
 fn dispose(garbage: Garbage) {
-    static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Garbage>>> = std::sync::OnceLock::new();
+    static QUEUE: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Garbage>>> =
+        std::sync::OnceLock::new();
 
     let run = |garbage: Garbage| match garbage {
         Garbage::File(path) => {
@@ -142,7 +143,11 @@ impl SuperVersions {
                     break;
                 };
 
-                log::trace!("Removing version #{} (seqno={})", head.version.id(), head.seqno,);
+                log::trace!(
+                    "Removing version #{} (seqno={})",
+                    head.version.id(),
+                    head.seqno,
+                );
 
                 // eventfold patch: removed and dropped by another thread, not under the
                 // version history lock (see `dispose`)
@@ -179,7 +184,9 @@ impl SuperVersions {
     ///
     /// This is useful when the seqno must be coordinated with other operations
     /// (e.g., bulk ingestion where tables are recovered with the same seqno).
-    pub(crate) fn upgrade_version_with_seqno<F: FnOnce(&SuperVersion) -> crate::Result<SuperVersion>>(
+    pub(crate) fn upgrade_version_with_seqno<
+        F: FnOnce(&SuperVersion) -> crate::Result<SuperVersion>,
+    >(
         &mut self,
         tree_path: &Path,
         f: F,
@@ -272,10 +279,19 @@ impl SuperVersions {
     pub fn get_version_for_snapshot(&self, seqno: SeqNo) -> SuperVersion {
         if seqno == 0 {
             #[expect(clippy::expect_used, reason = "SuperVersion is expected to exist")]
-            return self.0.front().cloned().expect("should always find a SuperVersion");
+            return self
+                .0
+                .front()
+                .cloned()
+                .expect("should always find a SuperVersion");
         }
 
-        let version = self.0.iter().rev().find(|version| version.seqno < seqno).cloned();
+        let version = self
+            .0
+            .iter()
+            .rev()
+            .find(|version| version.seqno < seqno)
+            .cloned();
 
         if version.is_none() {
             log::error!("Failed to find a SuperVersion for snapshot with seqno={seqno}");

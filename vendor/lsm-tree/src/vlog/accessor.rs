@@ -34,12 +34,15 @@ impl<'a> Accessor<'a> {
 
         let bf_id = GlobalTableId::from((tree_id, blob_file.id()));
 
-        let (file, fd_cache_miss) = if let Some(cached_fd) = blob_file.file_accessor().access_for_blob_file(&bf_id) {
-            (cached_fd, false)
-        } else {
-            let file = Arc::new(File::open(base_path.join(vhandle.blob_file_id.to_string()))?);
-            (file, true)
-        };
+        let (file, fd_cache_miss) =
+            if let Some(cached_fd) = blob_file.file_accessor().access_for_blob_file(&bf_id) {
+                (cached_fd, false)
+            } else {
+                let file = Arc::new(File::open(
+                    base_path.join(vhandle.blob_file_id.to_string()),
+                )?);
+                (file, true)
+            };
 
         let value = Reader::new(blob_file, &file).get(key, vhandle)?;
         cache.insert_blob(tree_id, vhandle, value.clone());

@@ -8,8 +8,8 @@ mod handle;
 
 pub use {
     accessor::Accessor, blob_file::merge::MergeScanner as BlobFileMergeScanner,
-    blob_file::multi_writer::MultiWriter as BlobFileWriter, blob_file::scanner::Scanner as BlobFileScanner,
-    blob_file::BlobFile, handle::ValueHandle,
+    blob_file::multi_writer::MultiWriter as BlobFileWriter,
+    blob_file::scanner::Scanner as BlobFileScanner, blob_file::BlobFile, handle::ValueHandle,
 };
 
 use crate::{
@@ -84,17 +84,17 @@ pub fn recover_blob_files(
                 let reader = sfa::Reader::new(&blob_file_path)?;
                 let toc = reader.toc();
 
-                let metadata_section = toc
-                    .section(b"meta")
-                    .ok_or(crate::Error::Unrecoverable)
-                    .inspect_err(|_| {
-                        log::error!(
-                            "meta section in blob file #{blob_file_id} is missing - maybe the file is corrupted?"
-                        );
-                    })?;
+                let metadata_section = toc.section(b"meta")
+                .ok_or(crate::Error::Unrecoverable)
+                .inspect_err(|_| {
+                    log::error!("meta section in blob file #{blob_file_id} is missing - maybe the file is corrupted?");
+                })?;
 
-                let metadata_slice =
-                    crate::file::read_exact(&file, metadata_section.pos(), metadata_section.len() as usize)?;
+                let metadata_slice = crate::file::read_exact(
+                    &file,
+                    metadata_section.pos(),
+                    metadata_section.len() as usize,
+                )?;
 
                 Metadata::from_slice(&metadata_slice)?
             };

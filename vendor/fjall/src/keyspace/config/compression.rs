@@ -16,11 +16,13 @@ impl EncodeConfig for crate::config::CompressionPolicy {
         // NOTE: Policies are limited to 255 entries
         #[expect(clippy::cast_possible_truncation)]
         #[expect(clippy::expect_used)]
-        v.write_u8(self.len() as u8).expect("cannot fail writing into a vec");
+        v.write_u8(self.len() as u8)
+            .expect("cannot fail writing into a vec");
 
         for item in self.iter() {
             #[expect(clippy::expect_used)]
-            item.encode_into(&mut v).expect("cannot fail writing into a vec");
+            item.encode_into(&mut v)
+                .expect("cannot fail writing into a vec");
         }
 
         v.into()
@@ -49,7 +51,8 @@ mod tests {
     #[test]
     #[cfg(feature = "lz4")]
     fn roundtrip_compression_policy() -> crate::Result<()> {
-        let policy = crate::config::CompressionPolicy::new([CompressionType::None, CompressionType::Lz4]);
+        let policy =
+            crate::config::CompressionPolicy::new([CompressionType::None, CompressionType::Lz4]);
         let encoded = policy.encode();
         let decoded = crate::config::CompressionPolicy::decode(&encoded)?;
         assert_eq!(policy, decoded);

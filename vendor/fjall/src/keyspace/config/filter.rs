@@ -12,7 +12,8 @@ impl EncodeConfig for crate::config::FilterPolicy {
         // NOTE: Policies are limited to 255 entries
         #[expect(clippy::cast_possible_truncation)]
         #[expect(clippy::expect_used)]
-        v.write_u8(self.len() as u8).expect("cannot fail writing into a vec");
+        v.write_u8(self.len() as u8)
+            .expect("cannot fail writing into a vec");
 
         for item in self.iter() {
             match item {
@@ -62,9 +63,9 @@ impl DecodeConfig for crate::config::FilterPolicy {
                         0 => {
                             let bits = bytes.read_f32::<byteorder::LittleEndian>()?;
 
-                            crate::config::FilterPolicyEntry::Bloom(crate::config::BloomConstructionPolicy::BitsPerKey(
-                                bits,
-                            ))
+                            crate::config::FilterPolicyEntry::Bloom(
+                                crate::config::BloomConstructionPolicy::BitsPerKey(bits),
+                            )
                         }
                         1 => {
                             let value = bytes.read_f32::<byteorder::LittleEndian>()?;
@@ -98,8 +99,12 @@ mod tests {
     #[test]
     fn roundtrip_filter_policy() -> crate::Result<()> {
         let policy = crate::config::FilterPolicy::new([
-            crate::config::FilterPolicyEntry::Bloom(crate::config::BloomConstructionPolicy::BitsPerKey(10.0)),
-            crate::config::FilterPolicyEntry::Bloom(crate::config::BloomConstructionPolicy::FalsePositiveRate(0.01)),
+            crate::config::FilterPolicyEntry::Bloom(
+                crate::config::BloomConstructionPolicy::BitsPerKey(10.0),
+            ),
+            crate::config::FilterPolicyEntry::Bloom(
+                crate::config::BloomConstructionPolicy::FalsePositiveRate(0.01),
+            ),
             crate::config::FilterPolicyEntry::None,
         ]);
 

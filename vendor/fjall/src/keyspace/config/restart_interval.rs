@@ -12,7 +12,8 @@ impl EncodeConfig for crate::config::RestartIntervalPolicy {
         // NOTE: Policies are limited to 255 entries
         #[expect(clippy::cast_possible_truncation)]
         #[expect(clippy::expect_used)]
-        v.write_u8(self.len() as u8).expect("cannot fail writing into a vec");
+        v.write_u8(self.len() as u8)
+            .expect("cannot fail writing into a vec");
 
         for item in self.iter() {
             #[expect(clippy::expect_used)]

@@ -14,7 +14,10 @@ use std::{
 #[derive(Clone, Debug)]
 enum Read {
     Single(Slice),
-    Range { start: Bound<Slice>, end: Bound<Slice> },
+    Range {
+        start: Bound<Slice>,
+        end: Bound<Slice>,
+    },
     All,
 }
 
@@ -97,7 +100,10 @@ impl ConflictManager {
                         Read::Range { start, end } => match (start, end) {
                             (Bound::Included(start), Bound::Included(end)) => {
                                 if other_conflict_keys
-                                    .range::<Slice, _>((Bound::Included(start), Bound::Included(end)))
+                                    .range::<Slice, _>((
+                                        Bound::Included(start),
+                                        Bound::Included(end),
+                                    ))
                                     .next()
                                     .is_some()
                                 {
@@ -106,7 +112,10 @@ impl ConflictManager {
                             }
                             (Bound::Included(start), Bound::Excluded(end)) => {
                                 if other_conflict_keys
-                                    .range::<Slice, _>((Bound::Included(start), Bound::Excluded(end)))
+                                    .range::<Slice, _>((
+                                        Bound::Included(start),
+                                        Bound::Excluded(end),
+                                    ))
                                     .next()
                                     .is_some()
                                 {
@@ -124,7 +133,10 @@ impl ConflictManager {
                             }
                             (Bound::Excluded(start), Bound::Included(end)) => {
                                 if other_conflict_keys
-                                    .range::<Slice, _>((Bound::Excluded(start), Bound::Included(end)))
+                                    .range::<Slice, _>((
+                                        Bound::Excluded(start),
+                                        Bound::Included(end),
+                                    ))
                                     .next()
                                     .is_some()
                                 {
@@ -133,7 +145,10 @@ impl ConflictManager {
                             }
                             (Bound::Excluded(start), Bound::Excluded(end)) => {
                                 if other_conflict_keys
-                                    .range::<Slice, _>((Bound::Excluded(start), Bound::Excluded(end)))
+                                    .range::<Slice, _>((
+                                        Bound::Excluded(start),
+                                        Bound::Excluded(end),
+                                    ))
                                     .next()
                                     .is_some()
                                 {

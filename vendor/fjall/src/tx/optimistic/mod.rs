@@ -8,8 +8,8 @@ mod oracle;
 mod write_tx;
 
 use crate::{
-    builder::Openable, keyspace::KeyspaceKey, tx::optimistic::oracle::Oracle, Config, Database, KeyspaceCreateOptions,
-    PersistMode, Snapshot,
+    builder::Openable, keyspace::KeyspaceKey, tx::optimistic::oracle::Oracle, Config, Database,
+    KeyspaceCreateOptions, PersistMode, Snapshot,
 };
 use std::{
     path::Path,
@@ -74,7 +74,8 @@ impl OptimisticTxDatabase {
             self.inner.supervisor.snapshot_tracker.open()
         };
 
-        let mut write_tx = WriteTransaction::new(self.inner().clone(), snapshot, self.oracle.clone());
+        let mut write_tx =
+            WriteTransaction::new(self.inner().clone(), snapshot, self.oracle.clone());
 
         if !self.inner.config.manual_journal_persist {
             write_tx = write_tx.durability(Some(PersistMode::Buffer));

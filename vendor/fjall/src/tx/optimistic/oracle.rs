@@ -26,7 +26,10 @@ impl Oracle {
         conflict_checker: ConflictManager,
         f: F,
     ) -> crate::Result<CommitOutcome<E>> {
-        let mut committed_txns = self.write_serialize_lock.lock().map_err(|_| crate::Error::Poisoned)?;
+        let mut committed_txns = self
+            .write_serialize_lock
+            .lock()
+            .map_err(|_| crate::Error::Poisoned)?;
 
         // If the committed_txn.ts is less than `SeqNo` that implies that the
         // committed_txn finished before the current transaction started.
@@ -34,9 +37,12 @@ impl Oracle {
         // This change assumes linearizability. Lack of linearizability could
         // cause the read ts of a new txn to be lower than the commit ts of
         // a txn before it.
-        let conflicted = committed_txns
-            .range((instant + 1)..)
-            .any(|(_ts, other_conflict_checker)| conflict_checker.has_conflict(other_conflict_checker));
+        let conflicted =
+            committed_txns
+                .range((instant + 1)..)
+                .any(|(_ts, other_conflict_checker)| {
+                    conflict_checker.has_conflict(other_conflict_checker)
+                });
 
         // TODO: This can be expensive and should probably be done in a background worker, or a after a memtable rotation
         let safe_to_gc = self.snapshot_tracker.get_seqno_safe_to_gc();
@@ -55,8 +61,12 @@ impl Oracle {
         Ok(CommitOutcome::Ok)
     }
 
-    pub(super) fn write_serialize_lock(&self) -> crate::Result<MutexGuard<'_, BTreeMap<u64, ConflictManager>>> {
-        self.write_serialize_lock.lock().map_err(|_| crate::Error::Poisoned)
+    pub(super) fn write_serialize_lock(
+        &self,
+    ) -> crate::Result<MutexGuard<'_, BTreeMap<u64, ConflictManager>>> {
+        self.write_serialize_lock
+            .lock()
+            .map_err(|_| crate::Error::Poisoned)
     }
 }
 
@@ -65,7 +75,10 @@ mod tests {
     use crate::{KeyspaceCreateOptions, OptimisticTxDatabase, OptimisticTxKeyspace, Readable};
 
     #[expect(clippy::significant_drop_tightening)]
-    fn run_tx(db: &OptimisticTxDatabase, tree: &OptimisticTxKeyspace) -> Result<(), Box<dyn std::error::Error>> {
+    fn run_tx(
+        db: &OptimisticTxDatabase,
+        tree: &OptimisticTxKeyspace,
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let mut tx1 = db.write_tx()?;
         let mut tx2 = db.write_tx()?;
         tx1.insert(tree.inner(), "hello", "world");

@@ -55,7 +55,11 @@ pub struct WriteTransaction {
 }
 
 impl Readable for WriteTransaction {
-    fn get<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<UserValue>> {
+    fn get<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<UserValue>> {
         let keyspace = keyspace.as_ref();
 
         let res = self.inner.get(keyspace, key.as_ref())?;
@@ -65,7 +69,11 @@ impl Readable for WriteTransaction {
         Ok(res)
     }
 
-    fn contains_key<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<bool> {
+    fn contains_key<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<bool> {
         let keyspace = keyspace.as_ref();
 
         let contains = self.inner.contains_key(keyspace, key.as_ref())?;
@@ -83,7 +91,11 @@ impl Readable for WriteTransaction {
         self.iter(&keyspace).next_back()
     }
 
-    fn size_of<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<u32>> {
+    fn size_of<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<u32>> {
         let keyspace = keyspace.as_ref();
         self.inner.size_of(keyspace, key)
     }
@@ -93,7 +105,11 @@ impl Readable for WriteTransaction {
         self.inner.iter(keyspace)
     }
 
-    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, keyspace: impl AsRef<Keyspace>, range: R) -> Iter {
+    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        range: R,
+    ) -> Iter {
         let start: Bound<Slice> = range.start_bound().map(|k| k.as_ref().into());
         let end: Bound<Slice> = range.end_bound().map(|k| k.as_ref().into());
 
@@ -319,7 +335,12 @@ impl WriteTransaction {
     /// #
     /// # Ok::<(), fjall::Error>(())
     /// ```
-    pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(&mut self, keyspace: impl AsRef<Keyspace>, key: K, value: V) {
+    pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &mut self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+        value: V,
+    ) {
         let keyspace = keyspace.as_ref();
         let key: UserKey = key.into();
 
@@ -424,7 +445,9 @@ impl WriteTransaction {
 
         let oracle = self.oracle.clone();
 
-        match oracle.with_commit(self.inner.nonce.instant, self.cm, move || self.inner.commit())? {
+        match oracle.with_commit(self.inner.nonce.instant, self.cm, move || {
+            self.inner.commit()
+        })? {
             CommitOutcome::Ok => Ok(Ok(())),
             CommitOutcome::Aborted(e) => Err(e),
             CommitOutcome::Conflicted => Ok(Err(Conflict)),
@@ -440,7 +463,9 @@ impl WriteTransaction {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Conflict, KeyspaceCreateOptions, OptimisticTxDatabase, OptimisticTxKeyspace, Readable};
+    use crate::{
+        Conflict, KeyspaceCreateOptions, OptimisticTxDatabase, OptimisticTxKeyspace, Readable,
+    };
     use tempfile::TempDir;
     use test_log::test;
 
@@ -727,8 +752,14 @@ mod tests {
         let mut t1 = env.db.write_tx()?;
         {
             let mut iter = t1.iter(&env.tree);
-            assert_eq!(iter.next().unwrap().into_inner()?, ([1u8].into(), [10u8].into()),);
-            assert_eq!(iter.next().unwrap().into_inner()?, ([2u8].into(), [20u8].into()),);
+            assert_eq!(
+                iter.next().unwrap().into_inner()?,
+                ([1u8].into(), [10u8].into()),
+            );
+            assert_eq!(
+                iter.next().unwrap().into_inner()?,
+                ([2u8].into(), [20u8].into()),
+            );
             assert!(iter.next().is_none());
         }
 
@@ -742,8 +773,14 @@ mod tests {
         let t3 = env.db.write_tx()?;
         {
             let mut iter = t3.iter(&env.tree);
-            assert_eq!(iter.next().unwrap().into_inner()?, ([1u8].into(), [10u8].into()),);
-            assert_eq!(iter.next().unwrap().into_inner()?, ([2u8].into(), [25u8].into()),); // changed here
+            assert_eq!(
+                iter.next().unwrap().into_inner()?,
+                ([1u8].into(), [10u8].into()),
+            );
+            assert_eq!(
+                iter.next().unwrap().into_inner()?,
+                ([2u8].into(), [25u8].into()),
+            ); // changed here
             assert!(iter.next().is_none());
         }
 

@@ -237,7 +237,11 @@ impl SingleWriterTxKeyspace {
     /// # Errors
     ///
     /// Will return `Err` if an IO error occurs.
-    pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(&self, key: K, value: V) -> crate::Result<()> {
+    pub fn insert<K: Into<UserKey>, V: Into<UserValue>>(
+        &self,
+        key: K,
+        value: V,
+    ) -> crate::Result<()> {
         let mut tx = self.db.write_tx();
         tx.insert(self, key, value);
         tx.commit()?;

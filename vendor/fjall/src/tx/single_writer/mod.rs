@@ -5,7 +5,10 @@
 mod keyspace;
 mod write_tx;
 
-use crate::{builder::Openable, keyspace::KeyspaceKey, Config, Database, KeyspaceCreateOptions, PersistMode, Snapshot};
+use crate::{
+    builder::Openable, keyspace::KeyspaceKey, Config, Database, KeyspaceCreateOptions, PersistMode,
+    Snapshot,
+};
 use std::{
     path::Path,
     sync::{Arc, Mutex},
@@ -55,7 +58,11 @@ impl SingleWriterTxDatabase {
         #[expect(clippy::expect_used)]
         let guard = self.single_writer_lock.lock().expect("poisoned tx lock");
 
-        let mut write_tx = WriteTransaction::new(self.clone(), self.inner.supervisor.snapshot_tracker.open(), guard);
+        let mut write_tx = WriteTransaction::new(
+            self.clone(),
+            self.inner.supervisor.snapshot_tracker.open(),
+            guard,
+        );
 
         if !self.inner.config.manual_journal_persist {
             write_tx = write_tx.durability(Some(PersistMode::Buffer));

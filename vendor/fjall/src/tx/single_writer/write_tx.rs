@@ -26,11 +26,19 @@ pub struct WriteTransaction<'a> {
 }
 
 impl Readable for WriteTransaction<'_> {
-    fn get<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<UserValue>> {
+    fn get<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<UserValue>> {
         self.inner.get(keyspace, key)
     }
 
-    fn contains_key<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<bool> {
+    fn contains_key<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<bool> {
         self.inner.contains_key(keyspace, key)
     }
 
@@ -42,7 +50,11 @@ impl Readable for WriteTransaction<'_> {
         self.inner.last_key_value(keyspace)
     }
 
-    fn size_of<K: AsRef<[u8]>>(&self, keyspace: impl AsRef<Keyspace>, key: K) -> crate::Result<Option<u32>> {
+    fn size_of<K: AsRef<[u8]>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        key: K,
+    ) -> crate::Result<Option<u32>> {
         self.inner.size_of(keyspace, key)
     }
 
@@ -50,7 +62,11 @@ impl Readable for WriteTransaction<'_> {
         self.inner.iter(keyspace)
     }
 
-    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, keyspace: impl AsRef<Keyspace>, range: R) -> Iter {
+    fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        range: R,
+    ) -> Iter {
         self.inner.range(keyspace, range)
     }
 
@@ -60,7 +76,11 @@ impl Readable for WriteTransaction<'_> {
 }
 
 impl<'tx> WriteTransaction<'tx> {
-    pub(crate) fn new(db: SingleWriterTxDatabase, nonce: SnapshotNonce, guard: MutexGuard<'tx, ()>) -> Self {
+    pub(crate) fn new(
+        db: SingleWriterTxDatabase,
+        nonce: SnapshotNonce,
+        guard: MutexGuard<'tx, ()>,
+    ) -> Self {
         Self {
             _guard: guard,
             inner: BaseTransaction::new(db.inner, nonce),

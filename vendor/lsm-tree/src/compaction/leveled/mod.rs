@@ -118,7 +118,10 @@ fn pick_minimal_compaction(
 /// range spans the older tables of every sequence in between, but each table overlaps
 /// nothing, so they move, as do those of several flushes. Tables that overlap something
 /// (writes of random keys) stay for the merge that the L0 trigger starts, as before.
-fn movable_l0_tables(l0: &crate::version::Level, target: &crate::version::Level) -> Option<HashSet<TableId>> {
+fn movable_l0_tables(
+    l0: &crate::version::Level,
+    target: &crate::version::Level,
+) -> Option<HashSet<TableId>> {
     use crate::version::run::Ranged;
     let mut tables: Vec<&Table> = l0.iter().flat_map(|run| run.iter()).collect();
     tables.sort_by(|a, b| a.key_range().min().cmp(b.key_range().min()));
@@ -133,7 +136,12 @@ fn movable_l0_tables(l0: &crate::version::Level, target: &crate::version::Level)
         let clear_after = tables
             .get(i + 1)
             .is_none_or(|next| range.max() < next.key_range().min());
-        if clear_before && clear_after && target.iter().all(|run| run.get_overlapping(range).is_empty()) {
+        if clear_before
+            && clear_after
+            && target
+                .iter()
+                .all(|run| run.get_overlapping(range).is_empty())
+        {
             movable.insert(table.id());
         }
         if reach.is_none_or(|r| r < range.max()) {
@@ -168,7 +176,8 @@ fn consolidation_window(
         (lo == hi).then(|| lo.to_vec())
     };
     let eligible = |table: &Table| {
-        table.file_size() < target_size / CONSOLIDATE_BELOW && !state.hidden_set().is_hidden(table.id())
+        table.file_size() < target_size / CONSOLIDATE_BELOW
+            && !state.hidden_set().is_hidden(table.id())
     };
     // The first tiered window within consecutive eligible tables of one sequence.
     let tiered = |tables: &[&Table]| -> Option<HashSet<TableId>> {
@@ -309,7 +318,10 @@ impl Strategy {
     ///
     /// ...
     fn level_target_size(&self, canonical_level_idx: u8) -> u64 {
-        assert!(canonical_level_idx >= 1, "level_target_size does not apply to L0",);
+        assert!(
+            canonical_level_idx >= 1,
+            "level_target_size does not apply to L0",
+        );
 
         if canonical_level_idx == 1 {
             // u64::from(self.target_size)
@@ -371,7 +383,8 @@ impl CompactionStrategy for Strategy {
                         clippy::cast_possible_truncation,
                         reason = "writing into Vec should not fail; policies have length of 255 max"
                     )]
-                    v.write_u8(self.level_ratio_policy.len() as u8).expect("cannot fail");
+                    v.write_u8(self.level_ratio_policy.len() as u8)
+                        .expect("cannot fail");
 
                     for &f in &self.level_ratio_policy {
                         #[expect(clippy::expect_used, reason = "writing into Vec should not fail")]
@@ -395,7 +408,9 @@ impl CompactionStrategy for Strategy {
             if !l0.is_empty() && l0.is_disjoint() {
                 let lmax_index = version.level_count() - 1;
 
-                if (1..lmax_index).any(|idx| !version.level(idx).expect("level should exist").is_empty()) {
+                if (1..lmax_index)
+                    .any(|idx| !version.level(idx).expect("level should exist").is_empty())
+                {
                     // There are intermediary levels with data, cannot trivially move to Lmax
                     break 'trivial_lmax;
                 }
@@ -500,9 +515,12 @@ impl CompactionStrategy for Strategy {
         }
 
         // eventfold patch: small tables of one sequence, merged in place.
-        if let Some((idx, table_ids)) =
-            consolidation_window(version, config.table_split_prefix(), self.target_size, state)
-        {
+        if let Some((idx, table_ids)) = consolidation_window(
+            version,
+            config.table_split_prefix(),
+            self.target_size,
+            state,
+        ) {
             #[expect(
                 clippy::cast_possible_truncation,
                 reason = "level index is bounded by level count (7)"
@@ -567,7 +585,10 @@ impl CompactionStrategy for Strategy {
                     scores[idx] = (score, level_size - target_size);
 
                     // NOTE: Force a trivial move
-                    if version.level(idx + 1).is_some_and(|next_level| next_level.is_empty()) {
+                    if version
+                        .level(idx + 1)
+                        .is_some_and(|next_level| next_level.is_empty())
+                    {
                         scores[idx] = (99.99, 999);
                     }
                 }
@@ -585,7 +606,9 @@ impl CompactionStrategy for Strategy {
             .into_iter()
             .enumerate()
             .max_by(|(_, (score_a, _)), (_, (score_b, _))| {
-                score_a.partial_cmp(score_b).unwrap_or(std::cmp::Ordering::Equal)
+                score_a
+                    .partial_cmp(score_b)
+                    .unwrap_or(std::cmp::Ordering::Equal)
             })
             .expect("should have highest score somewhere");
 
@@ -660,14 +683,19 @@ impl CompactionStrategy for Strategy {
         // into a gap between the tables it merges would overlap its output. (The L0 paths
         // above already wait for a busy target level.) Only trees that split their tables
         // consolidate.
-        if config.table_split_prefix() > 0 && version.level_is_busy(usize::from(next_level_index), state.hidden_set()) {
+        if config.table_split_prefix() > 0
+            && version.level_is_busy(usize::from(next_level_index), state.hidden_set())
+        {
             return Choice::DoNothing;
         }
 
         debug_assert!(level.is_disjoint(), "level should be disjoint");
         debug_assert!(next_level.is_disjoint(), "next level should be disjoint");
 
-        #[expect(clippy::expect_used, reason = "first run should exist because score is >0.0")]
+        #[expect(
+            clippy::expect_used,
+            reason = "first run should exist because score is >0.0"
+        )]
         let Some((table_ids, can_trivial_move)) = pick_minimal_compaction(
             level.first_run().expect("should have exactly one run"),
             next_level.first_run().map(std::ops::Deref::deref),

@@ -206,10 +206,18 @@ fn leveled_moves_the_tables_of_sequences_instead_of_merging_them() -> crate::Res
             }
         }
         tree.flush_active_memtable(0)?;
-        assert_eq!(4 * usize::from(round + 1), tree.table_count(), "a table per sequence");
+        assert_eq!(
+            4 * usize::from(round + 1),
+            tree.table_count(),
+            "a table per sequence"
+        );
     }
-    let ids =
-        |tree: &crate::AnyTree| -> HashSet<TableId> { tree.current_version().iter_tables().map(Table::id).collect() };
+    let ids = |tree: &crate::AnyTree| -> HashSet<TableId> {
+        tree.current_version()
+            .iter_tables()
+            .map(Table::id)
+            .collect()
+    };
     let before = ids(&tree);
     assert_eq!(Some(8), tree.level_table_count(0));
 
@@ -293,7 +301,11 @@ fn leveled_consolidates_the_small_tables_of_a_sequence() -> crate::Result<()> {
 
         tree.compact(Arc::new(Strategy::default()), seqno)?;
 
-        assert_eq!(if split { 1 } else { 4 }, tree.table_count(), "split: {split}");
+        assert_eq!(
+            if split { 1 } else { 4 },
+            tree.table_count(),
+            "split: {split}"
+        );
         for i in 0..40 {
             assert!(tree.get(seq_key(b'a', i), seqno)?.is_some());
         }
@@ -331,7 +343,11 @@ fn leveled_consolidates_a_sequence_size_tiered() -> crate::Result<()> {
     for round in 4..7 {
         flush(&tree, round)?;
     }
-    assert_eq!(4, tree.table_count(), "three small ones are less than the merged one");
+    assert_eq!(
+        4,
+        tree.table_count(),
+        "three small ones are less than the merged one"
+    );
     flush(&tree, 7)?;
     assert_eq!(1, tree.table_count(), "four are as large");
     Ok(())
@@ -361,7 +377,11 @@ fn leveled_leaves_tables_of_a_sixteenth_of_the_target_unmerged() -> crate::Resul
             tree.flush_active_memtable(0)?;
             tree.compact(strategy.clone(), seqno)?;
         }
-        let sizes: Vec<u64> = tree.current_version().iter_tables().map(|t| t.file_size()).collect();
+        let sizes: Vec<u64> = tree
+            .current_version()
+            .iter_tables()
+            .map(|t| t.file_size())
+            .collect();
         assert!(
             sizes
                 .iter()

@@ -38,7 +38,10 @@ impl HiddenSet {
         self.set.is_empty()
     }
 
-    pub(crate) fn should_decline_compaction<T: IntoIterator<Item = TableId>>(&self, ids: T) -> bool {
+    pub(crate) fn should_decline_compaction<T: IntoIterator<Item = TableId>>(
+        &self,
+        ids: T,
+    ) -> bool {
         self.is_blocked(ids)
     }
 }

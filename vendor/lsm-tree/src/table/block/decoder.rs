@@ -31,7 +31,11 @@ pub trait Decodable<ParsedItem> {
     /// Parses the key of the next restart head from a reader.
     ///
     /// This is used for the binary search index.
-    fn parse_restart_key<'a>(reader: &mut Cursor<&[u8]>, offset: usize, data: &'a [u8]) -> Option<(&'a [u8], SeqNo)>;
+    fn parse_restart_key<'a>(
+        reader: &mut Cursor<&[u8]>,
+        offset: usize,
+        data: &'a [u8],
+    ) -> Option<(&'a [u8], SeqNo)>;
 
     /// Parses a restart head from a reader.
     ///
@@ -39,7 +43,11 @@ pub trait Decodable<ParsedItem> {
     fn parse_full(reader: &mut Cursor<&[u8]>, offset: usize) -> Option<ParsedItem>;
 
     /// Parses a (possibly) prefix truncated item from a reader.
-    fn parse_truncated(reader: &mut Cursor<&[u8]>, offset: usize, base_key_offset: usize) -> Option<ParsedItem>;
+    fn parse_truncated(
+        reader: &mut Cursor<&[u8]>,
+        offset: usize,
+        base_key_offset: usize,
+    ) -> Option<ParsedItem>;
 }
 
 #[derive(Debug)]
@@ -135,7 +143,10 @@ impl<'a, Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Decoder<'a, Item, Pa
         )]
         let mut cursor = Cursor::new(unsafe { bytes.get_unchecked(pos..) });
 
-        #[expect(clippy::expect_used, reason = "restart key should be parsed, see reason above")]
+        #[expect(
+            clippy::expect_used,
+            reason = "restart key should be parsed, see reason above"
+        )]
         Item::parse_restart_key(&mut cursor, pos, bytes).expect("should parse restart key")
     }
 
@@ -154,7 +165,10 @@ impl<'a, Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Decoder<'a, Item, Pa
         // instead of erroneously reporting "not found".
         let binary_index = self.get_binary_index_reader();
 
-        debug_assert!(binary_index.len() >= 1, "binary index should never be empty",);
+        debug_assert!(
+            binary_index.len() >= 1,
+            "binary index should never be empty",
+        );
 
         let mut left: usize = 0;
         let mut right = binary_index.len();
@@ -204,7 +218,10 @@ impl<'a, Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Decoder<'a, Item, Pa
         // decoder logic.
         let binary_index = self.get_binary_index_reader();
 
-        debug_assert!(binary_index.len() >= 1, "binary index should never be empty",);
+        debug_assert!(
+            binary_index.len() >= 1,
+            "binary index should never be empty",
+        );
 
         let mut left: usize = 0;
         let mut right = binary_index.len();
@@ -289,7 +306,11 @@ impl<'a, Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Decoder<'a, Item, Pa
     /// Seeks the upper bound using the given predicate.
     ///
     /// Returns `false` if the key does not possible exist.
-    pub fn seek_upper(&mut self, pred: impl Fn(&[u8], SeqNo) -> bool, second_partition: bool) -> bool {
+    pub fn seek_upper(
+        &mut self,
+        pred: impl Fn(&[u8], SeqNo) -> bool,
+        second_partition: bool,
+    ) -> bool {
         let result = if second_partition {
             self.partition_point_2(&pred)
         } else {
@@ -321,7 +342,11 @@ impl<'a, Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Decoder<'a, Item, Pa
             Item::parse_full(reader, offset)
         } else {
             #[expect(clippy::expect_used, reason = "we trust the is_restart flag")]
-            Item::parse_truncated(reader, offset, base_key_offset.expect("should parse truncated item"))
+            Item::parse_truncated(
+                reader,
+                offset,
+                base_key_offset.expect("should parse truncated item"),
+            )
         }
     }
 
@@ -402,7 +427,12 @@ impl<'a, Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Decoder<'a, Item, Pa
         )]
         let mut reader = Cursor::new(unsafe { self.block.data.get_unchecked(offset..) });
 
-        Self::parse_current_item(&mut reader, offset, self.hi_scanner.base_key_offset, is_restart)
+        Self::parse_current_item(
+            &mut reader,
+            offset,
+            self.hi_scanner.base_key_offset,
+            is_restart,
+        )
     }
 }
 
@@ -410,7 +440,9 @@ impl<Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Iterator for Decoder<'_,
     type Item = Parsed;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.hi_scanner.base_key_offset.is_some() && self.lo_scanner.offset >= self.hi_scanner.offset {
+        if self.hi_scanner.base_key_offset.is_some()
+            && self.lo_scanner.offset >= self.hi_scanner.offset
+        {
             return None;
         }
 
@@ -420,7 +452,8 @@ impl<Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Iterator for Decoder<'_,
             unsafe_code,
             reason = "cursor is advanced by read_ operations which check for EOF, and the cursor starts at 0 - the slice is never empty"
         )]
-        let mut reader = Cursor::new(unsafe { self.block.data.get_unchecked(self.lo_scanner.offset..) });
+        let mut reader =
+            Cursor::new(unsafe { self.block.data.get_unchecked(self.lo_scanner.offset..) });
 
         #[expect(
             clippy::cast_possible_truncation,
@@ -450,7 +483,9 @@ impl<Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> Iterator for Decoder<'_,
     }
 }
 
-impl<Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> DoubleEndedIterator for Decoder<'_, Item, Parsed> {
+impl<Item: Decodable<Parsed>, Parsed: ParsedItem<Item>> DoubleEndedIterator
+    for Decoder<'_, Item, Parsed>
+{
     fn next_back(&mut self) -> Option<Self::Item> {
         if let Some(top) = self.consume_stack_top() {
             return Some(top);

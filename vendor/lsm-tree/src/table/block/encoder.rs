@@ -15,7 +15,11 @@ use std::marker::PhantomData;
 pub trait Encodable<Context: Default> {
     fn key(&self) -> &[u8];
 
-    fn encode_full_into<W: std::io::Write>(&self, writer: &mut W, state: &mut Context) -> crate::Result<()>
+    fn encode_full_into<W: std::io::Write>(
+        &self,
+        writer: &mut W,
+        state: &mut Context,
+    ) -> crate::Result<()>
     where
         Self: Sized;
 
@@ -117,7 +121,10 @@ impl<'a, Context: Default, Item: Encodable<Context>> Encoder<'a, Context, Item> 
 
     pub fn write(&mut self, item: &'a Item) -> crate::Result<()> {
         // NOTE: Check if we are a restart marker
-        if self.item_count.is_multiple_of(usize::from(self.restart_interval)) {
+        if self
+            .item_count
+            .is_multiple_of(usize::from(self.restart_interval))
+        {
             self.restart_count += 1;
 
             if self.restart_interval > 0 {

@@ -84,7 +84,10 @@ impl Block {
     }
 
     /// Reads a block from a reader.
-    pub fn from_reader<R: std::io::Read>(reader: &mut R, compression: CompressionType) -> crate::Result<Self> {
+    pub fn from_reader<R: std::io::Read>(
+        reader: &mut R,
+        compression: CompressionType,
+    ) -> crate::Result<Self> {
         let header = Header::decode_from(reader)?;
         let raw_data = Slice::from_reader(reader, header.data_length as usize)?;
 
@@ -104,7 +107,8 @@ impl Block {
             #[cfg(feature = "lz4")]
             CompressionType::Lz4 => {
                 #[warn(unsafe_code)]
-                let mut builder = unsafe { Slice::builder_unzeroed(header.uncompressed_length as usize) };
+                let mut builder =
+                    unsafe { Slice::builder_unzeroed(header.uncompressed_length as usize) };
 
                 lz4_flex::decompress_into(&raw_data, &mut builder)
                     .map_err(|_| crate::Error::Decompress(compression))?;
@@ -124,7 +128,11 @@ impl Block {
     }
 
     /// Reads a block from a file.
-    pub fn from_file(file: &File, handle: BlockHandle, compression: CompressionType) -> crate::Result<Self> {
+    pub fn from_file(
+        file: &File,
+        handle: BlockHandle,
+        compression: CompressionType,
+    ) -> crate::Result<Self> {
         let buf = crate::file::read_exact(file, *handle.offset(), handle.size() as usize)?;
 
         let header = Header::decode_from(&mut &buf[..])?;
@@ -160,9 +168,11 @@ impl Block {
                 let raw_data = &buf[Header::serialized_len()..];
 
                 #[warn(unsafe_code)]
-                let mut builder = unsafe { Slice::builder_unzeroed(header.uncompressed_length as usize) };
+                let mut builder =
+                    unsafe { Slice::builder_unzeroed(header.uncompressed_length as usize) };
 
-                lz4_flex::decompress_into(raw_data, &mut builder).map_err(|_| crate::Error::Decompress(compression))?;
+                lz4_flex::decompress_into(raw_data, &mut builder)
+                    .map_err(|_| crate::Error::Decompress(compression))?;
 
                 builder.freeze().into()
             }

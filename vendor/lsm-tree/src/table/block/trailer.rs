@@ -47,7 +47,10 @@ impl<'a> Trailer<'a> {
     pub fn item_count(&self) -> usize {
         let reader = self.as_slice();
 
-        #[expect(clippy::indexing_slicing, reason = "the item_count is at the end and is a u32")]
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "the item_count is at the end and is a u32"
+        )]
         let reader = &mut &reader[(TRAILER_SIZE - std::mem::size_of::<u32>())..];
 
         #[expect(
@@ -55,7 +58,9 @@ impl<'a> Trailer<'a> {
             reason = "the trailer offset is valid, and the trailer has a fixed size so the next item must be the item count"
         )]
         {
-            reader.read_u32::<LittleEndian>().expect("should read item count") as usize
+            reader
+                .read_u32::<LittleEndian>()
+                .expect("should read item count") as usize
         }
     }
 
@@ -81,7 +86,8 @@ impl<'a> Trailer<'a> {
         let binary_index_offset = encoder.writer.len() as u32;
 
         // Write binary index
-        let (binary_index_step_size, binary_index_len) = encoder.binary_index_builder.write(&mut encoder.writer)?;
+        let (binary_index_step_size, binary_index_len) =
+            encoder.binary_index_builder.write(&mut encoder.writer)?;
 
         let mut hash_index_offset = 0u32;
         let hash_index_len = encoder.hash_index_builder.bucket_count();
@@ -91,7 +97,9 @@ impl<'a> Trailer<'a> {
         //
         // With the default restart interval of 16, that still gives us support
         // for up to ~4000 KVs
-        if encoder.hash_index_builder.bucket_count() > 0 && binary_index_len <= MAX_POINTERS_FOR_HASH_INDEX {
+        if encoder.hash_index_builder.bucket_count() > 0
+            && binary_index_len <= MAX_POINTERS_FOR_HASH_INDEX
+        {
             // NOTE: We know that data blocks will never even approach 4 GB in size
             #[expect(clippy::cast_possible_truncation)]
             {
@@ -115,15 +123,25 @@ impl<'a> Trailer<'a> {
             clippy::cast_possible_truncation,
             reason = "even with a dense index, there can't be more index pointers than items"
         )]
-        encoder.writer.write_u32::<LittleEndian>(binary_index_len as u32)?;
-
-        encoder.writer.write_u32::<LittleEndian>(binary_index_offset)?;
+        encoder
+            .writer
+            .write_u32::<LittleEndian>(binary_index_len as u32)?;
 
         encoder
             .writer
-            .write_u32::<LittleEndian>(if hash_index_offset > 0 { hash_index_len } else { 0 })?;
+            .write_u32::<LittleEndian>(binary_index_offset)?;
 
-        encoder.writer.write_u32::<LittleEndian>(hash_index_offset)?;
+        encoder
+            .writer
+            .write_u32::<LittleEndian>(if hash_index_offset > 0 {
+                hash_index_len
+            } else {
+                0
+            })?;
+
+        encoder
+            .writer
+            .write_u32::<LittleEndian>(hash_index_offset)?;
 
         // Prefix truncation on/off (always on)
         encoder.writer.write_u8(1)?;
@@ -140,7 +158,9 @@ impl<'a> Trailer<'a> {
             clippy::cast_possible_truncation,
             reason = "data blocks will never even approach 4 GiB in size, so there can't be that many items either"
         )]
-        encoder.writer.write_u32::<LittleEndian>(encoder.item_count as u32)?;
+        encoder
+            .writer
+            .write_u32::<LittleEndian>(encoder.item_count as u32)?;
 
         #[cfg(debug_assertions)]
         assert_eq!(

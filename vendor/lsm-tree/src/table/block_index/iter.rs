@@ -31,12 +31,17 @@ impl Iterator for OwnedIndexBlockIter {
     type Item = KeyedBlockHandle;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.with_dependent_mut(|block, iter| iter.next().map(|item| item.materialize(&block.inner.data)))
+        self.with_dependent_mut(|block, iter| {
+            iter.next().map(|item| item.materialize(&block.inner.data))
+        })
     }
 }
 
 impl DoubleEndedIterator for OwnedIndexBlockIter {
     fn next_back(&mut self) -> Option<Self::Item> {
-        self.with_dependent_mut(|block, iter| iter.next_back().map(|item| item.materialize(&block.inner.data)))
+        self.with_dependent_mut(|block, iter| {
+            iter.next_back()
+                .map(|item| item.materialize(&block.inner.data))
+        })
     }
 }

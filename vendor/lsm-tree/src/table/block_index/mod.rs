@@ -97,7 +97,9 @@ pub enum BlockIndexImpl {
 impl BlockIndex for BlockIndexImpl {
     fn forward_reader(&self, needle: &[u8], seqno: SeqNo) -> Option<BlockIndexIterImpl> {
         match self {
-            Self::Full(index) => index.forward_reader(needle, seqno).map(BlockIndexIterImpl::Full),
+            Self::Full(index) => index
+                .forward_reader(needle, seqno)
+                .map(BlockIndexIterImpl::Full),
             Self::VolatileFull(index) => {
                 let mut it = index.iter();
 

@@ -14,7 +14,8 @@ use crate::{
 /// The data block iterator handles double-ended scans over a data block
 pub struct Iter<'a> {
     bytes: &'a [u8],
-    decoder: DoubleEndedPeekable<DataBlockParsedItem, Decoder<'a, InternalValue, DataBlockParsedItem>>,
+    decoder:
+        DoubleEndedPeekable<DataBlockParsedItem, Decoder<'a, InternalValue, DataBlockParsedItem>>,
 }
 
 impl<'a> Iter<'a> {
@@ -37,7 +38,11 @@ impl<'a> Iter<'a> {
         // Find the restart interval whose head key is the last one strictly below `needle`.
         // The decoder then performs a linear scan within that interval; we stop as soon as we
         // reach a key ≥ needle. This minimizes parsing work while preserving correctness.
-        if !self.decoder.inner_mut().seek(|head_key, _| head_key < needle, false) {
+        if !self
+            .decoder
+            .inner_mut()
+            .seek(|head_key, _| head_key < needle, false)
+        {
             return false;
         }
 
@@ -111,7 +116,11 @@ impl<'a> Iter<'a> {
         // Exclusive lower bound: identical to `seek`, except we must not yield entries equal to
         // `needle`. We therefore keep consuming while keys compare equal and only stop once we
         // observe a strictly greater key.
-        if !self.decoder.inner_mut().seek(|head_key, _| head_key < needle, false) {
+        if !self
+            .decoder
+            .inner_mut()
+            .seek(|head_key, _| head_key < needle, false)
+        {
             return false;
         }
 

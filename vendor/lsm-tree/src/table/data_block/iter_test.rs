@@ -269,7 +269,9 @@ mod tests {
                 },
             });
 
-            let iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+            let iter = data_block
+                .iter()
+                .map(|item| item.materialize(&data_block.inner.data));
 
             let real_items: Vec<_> = iter.collect();
 
@@ -309,7 +311,10 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(items.iter().rev().cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().rev().cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         Ok(())
@@ -346,7 +351,10 @@ mod tests {
 
             let real_items: Vec<_> = iter.rev().collect();
 
-            assert_eq!(items.iter().rev().skip(2).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().rev().skip(2).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         Ok(())
@@ -408,7 +416,10 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(items.iter().take(1).cloned().collect::<Vec<_>>(), &*real_items,);
+                assert_eq!(
+                    items.iter().take(1).cloned().collect::<Vec<_>>(),
+                    &*real_items,
+                );
             }
 
             {
@@ -420,7 +431,10 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(items.iter().rev().take(1).cloned().collect::<Vec<_>>(), &*real_items,);
+                assert_eq!(
+                    items.iter().rev().take(1).cloned().collect::<Vec<_>>(),
+                    &*real_items,
+                );
             }
         }
 
@@ -459,7 +473,10 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(items.iter().skip(1).take(2).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(1).take(2).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         Ok(())
@@ -496,7 +513,10 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(items.iter().take(1).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().take(1).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         Ok(())
@@ -535,7 +555,10 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(), &*real_items,);
+                assert_eq!(
+                    items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(),
+                    &*real_items,
+                );
             }
 
             {
@@ -548,7 +571,10 @@ mod tests {
 
                 let real_items: Vec<_> = iter.collect();
 
-                assert_eq!(items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(), &*real_items,);
+                assert_eq!(
+                    items.iter().skip(2).take(1).cloned().collect::<Vec<_>>(),
+                    &*real_items,
+                );
             }
 
             {
@@ -562,7 +588,13 @@ mod tests {
                 let real_items: Vec<_> = iter.rev().collect();
 
                 assert_eq!(
-                    items.iter().rev().skip(2).take(1).cloned().collect::<Vec<_>>(),
+                    items
+                        .iter()
+                        .rev()
+                        .skip(2)
+                        .take(1)
+                        .cloned()
+                        .collect::<Vec<_>>(),
                     &*real_items,
                 );
             }
@@ -578,7 +610,13 @@ mod tests {
                 let real_items: Vec<_> = iter.rev().collect();
 
                 assert_eq!(
-                    items.iter().rev().skip(2).take(1).cloned().collect::<Vec<_>>(),
+                    items
+                        .iter()
+                        .rev()
+                        .skip(2)
+                        .take(1)
+                        .cloned()
+                        .collect::<Vec<_>>(),
                     &*real_items,
                 );
             }
@@ -726,7 +764,10 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(items.iter().skip(2).cloned().collect::<Vec<_>>(), real_items,);
+            assert_eq!(
+                items.iter().skip(2).cloned().collect::<Vec<_>>(),
+                real_items,
+            );
         }
 
         Ok(())
@@ -763,7 +804,10 @@ mod tests {
 
             let real_items: Vec<_> = iter.collect();
 
-            assert_eq!(items.iter().skip(4).cloned().collect::<Vec<_>>(), real_items,);
+            assert_eq!(
+                items.iter().skip(4).cloned().collect::<Vec<_>>(),
+                real_items,
+            );
         }
 
         Ok(())
@@ -866,24 +910,55 @@ mod tests {
             assert!(data_block.hash_bucket_count().is_none());
 
             {
-                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block
+                    .iter()
+                    .map(|item| item.materialize(&data_block.inner.data));
 
-                assert_eq!(b"pla:earth:fact", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:fact", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:mass", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:name", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:radius", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(
+                    b"pla:earth:fact",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:fact",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:mass",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:name",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:radius",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
                 assert!(iter.next_back().is_none());
                 assert!(iter.next().is_none());
             }
 
             {
-                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block
+                    .iter()
+                    .map(|item| item.materialize(&data_block.inner.data));
 
-                assert_eq!(b"pla:earth:fact", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:fact", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:mass", &*iter.next().expect("should exist").key.user_key,);
-                assert_eq!(b"pla:jupiter:name", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(
+                    b"pla:earth:fact",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:fact",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:mass",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
+                assert_eq!(
+                    b"pla:jupiter:name",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
                 assert_eq!(
                     b"pla:jupiter:radius",
                     &*iter.next_back().expect("should exist").key.user_key,
@@ -944,7 +1019,10 @@ mod tests {
                     b"pla:jupiter:name",
                     &*iter.next_back().expect("should exist").key.user_key,
                 );
-                assert_eq!(b"pla:jupiter:radius", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(
+                    b"pla:jupiter:radius",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
                 assert!(iter.next().is_none());
                 assert!(iter.next_back().is_none());
             }
@@ -971,7 +1049,10 @@ mod tests {
                     b"pla:jupiter:name",
                     &*iter.next_back().expect("should exist").key.user_key,
                 );
-                assert_eq!(b"pla:jupiter:radius", &*iter.next().expect("should exist").key.user_key,);
+                assert_eq!(
+                    b"pla:jupiter:radius",
+                    &*iter.next().expect("should exist").key.user_key,
+                );
                 assert!(iter.next_back().is_none());
                 assert!(iter.next().is_none());
             }
@@ -1007,7 +1088,9 @@ mod tests {
             assert!(data_block.hash_bucket_count().is_none());
 
             {
-                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block
+                    .iter()
+                    .map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"a", &*iter.next().expect("should exist").key.user_key);
                 assert_eq!(b"b", &*iter.next().expect("should exist").key.user_key);
@@ -1019,7 +1102,9 @@ mod tests {
             }
 
             {
-                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block
+                    .iter()
+                    .map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"e", &*iter.next_back().expect("should exist").key.user_key);
                 assert_eq!(b"d", &*iter.next_back().expect("should exist").key.user_key);
@@ -1031,7 +1116,9 @@ mod tests {
             }
 
             {
-                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block
+                    .iter()
+                    .map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"a", &*iter.next().expect("should exist").key.user_key);
                 assert_eq!(b"b", &*iter.next().expect("should exist").key.user_key);
@@ -1045,7 +1132,9 @@ mod tests {
             }
 
             {
-                let mut iter = data_block.iter().map(|item| item.materialize(&data_block.inner.data));
+                let mut iter = data_block
+                    .iter()
+                    .map(|item| item.materialize(&data_block.inner.data));
 
                 assert_eq!(b"e", &*iter.next_back().expect("should exist").key.user_key);
                 assert_eq!(b"d", &*iter.next_back().expect("should exist").key.user_key);
@@ -1067,8 +1156,8 @@ mod tests {
         let items = [
             InternalValue::from_components(
                 Slice::from([
-                    255, 255, 255, 255, 5, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
-                    255,
+                    255, 255, 255, 255, 5, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
+                    255, 255, 255, 255, 255,
                 ]),
                 Slice::from([0, 0, 192]),
                 18_446_744_073_701_163_007,
@@ -1095,7 +1184,12 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
+        assert!(
+            data_block
+                .hash_bucket_count()
+                .expect("should have built hash index")
+                > 0,
+        );
 
         assert_eq!(data_block.iter().count(), items.len());
 
@@ -1105,7 +1199,12 @@ mod tests {
     #[test]
     fn data_block_iter_fuzz_4() -> crate::Result<()> {
         let items = [
-            InternalValue::from_components(Slice::new(&[0]), Slice::empty(), 3_834_029_160_418_063_669, Value),
+            InternalValue::from_components(
+                Slice::new(&[0]),
+                Slice::empty(),
+                3_834_029_160_418_063_669,
+                Value,
+            ),
             InternalValue::from_components(Slice::new(&[0]), Slice::new(&[]), 127, Tombstone),
             InternalValue::from_components(
                 Slice::new(&[53, 53, 53]),
@@ -1135,7 +1234,12 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
+        assert!(
+            data_block
+                .hash_bucket_count()
+                .expect("should have built hash index")
+                > 0,
+        );
 
         assert_eq!(data_block.iter().count(), items.len());
 

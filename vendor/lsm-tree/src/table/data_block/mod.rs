@@ -10,8 +10,8 @@ mod iter_test;
 pub use iter::Iter;
 
 use super::block::{
-    binary_index::Reader as BinaryIndexReader, hash_index::Reader as HashIndexReader, Block, Decodable, Decoder,
-    Encodable, Encoder, ParsedItem, Trailer, TRAILER_START_MARKER,
+    binary_index::Reader as BinaryIndexReader, hash_index::Reader as HashIndexReader, Block,
+    Decodable, Decoder, Encodable, Encoder, ParsedItem, Trailer, TRAILER_START_MARKER,
 };
 use crate::key::InternalKey;
 use crate::table::block::hash_index::{MARKER_CONFLICT, MARKER_FREE};
@@ -24,7 +24,11 @@ use std::io::Seek;
 use varint_rs::{VarintReader, VarintWriter};
 
 impl Decodable<DataBlockParsedItem> for InternalValue {
-    fn parse_restart_key<'a>(reader: &mut Cursor<&[u8]>, offset: usize, data: &'a [u8]) -> Option<(&'a [u8], SeqNo)> {
+    fn parse_restart_key<'a>(
+        reader: &mut Cursor<&[u8]>,
+        offset: usize,
+        data: &'a [u8],
+    ) -> Option<(&'a [u8], SeqNo)> {
         let value_type = unwrap!(reader.read_u8());
 
         if value_type == TRAILER_START_MARKER {
@@ -129,7 +133,10 @@ impl Decodable<DataBlockParsedItem> for InternalValue {
         let shared_prefix_len: usize = unwrap!(reader.read_u16_varint()).into();
         let rest_key_len: usize = unwrap!(reader.read_u16_varint()).into();
 
-        #[expect(clippy::cast_possible_truncation, reason = "truncation is not expected to happen")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "truncation is not expected to happen"
+        )]
         let key_offset = offset + reader.position() as usize;
 
         #[expect(
@@ -146,7 +153,10 @@ impl Decodable<DataBlockParsedItem> for InternalValue {
         } else {
             0
         };
-        #[expect(clippy::cast_possible_truncation, reason = "truncation is not expected to happen")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "truncation is not expected to happen"
+        )]
         let val_offset = offset + reader.position() as usize;
         #[expect(
             clippy::cast_possible_wrap,
@@ -159,7 +169,10 @@ impl Decodable<DataBlockParsedItem> for InternalValue {
             DataBlockParsedItem {
                 value_type,
                 seqno,
-                prefix: Some(SliceIndexes(base_key_offset, base_key_offset + shared_prefix_len)),
+                prefix: Some(SliceIndexes(
+                    base_key_offset,
+                    base_key_offset + shared_prefix_len,
+                )),
                 key: SliceIndexes(key_offset, key_offset + rest_key_len),
                 value: Some(SliceIndexes(val_offset, val_offset + val_len)),
             }
@@ -167,7 +180,10 @@ impl Decodable<DataBlockParsedItem> for InternalValue {
             DataBlockParsedItem {
                 value_type,
                 seqno,
-                prefix: Some(SliceIndexes(base_key_offset, base_key_offset + shared_prefix_len)),
+                prefix: Some(SliceIndexes(
+                    base_key_offset,
+                    base_key_offset + shared_prefix_len,
+                )),
                 key: SliceIndexes(key_offset, key_offset + rest_key_len),
                 value: None,
             }
@@ -176,7 +192,11 @@ impl Decodable<DataBlockParsedItem> for InternalValue {
 }
 
 impl Encodable<()> for InternalValue {
-    fn encode_full_into<W: std::io::Write>(&self, writer: &mut W, _state: &mut ()) -> crate::Result<()> {
+    fn encode_full_into<W: std::io::Write>(
+        &self,
+        writer: &mut W,
+        _state: &mut (),
+    ) -> crate::Result<()> {
         // We encode restart markers as:
         // [value type] [seqno] [user key len] [user key] [value len] [value]
         // 1            2       3              4          5?           6?
@@ -221,8 +241,15 @@ impl Encodable<()> for InternalValue {
         #[expect(clippy::cast_possible_truncation, reason = "keys are u16 length max")]
         writer.write_u16_varint(rest_len as u16)?; // 4
 
-        #[expect(clippy::expect_used, reason = "the shared len should not be greater than key length")]
-        let truncated_user_key = self.key.user_key.get(shared_len..).expect("should be in bounds");
+        #[expect(
+            clippy::expect_used,
+            reason = "the shared len should not be greater than key length"
+        )]
+        let truncated_user_key = self
+            .key
+            .user_key
+            .get(shared_len..)
+            .expect("should be in bounds");
 
         writer.write_all(truncated_user_key)?; // 5
 
@@ -279,7 +306,10 @@ impl ParsedItem<InternalValue> for DataBlockParsedItem {
 
         let key = InternalKey::new(key, self.seqno, self.value_type);
 
-        let value = self.value.as_ref().map_or_else(Slice::empty, |v| bytes.slice(v.0..v.1));
+        let value = self
+            .value
+            .as_ref()
+            .map_or_else(Slice::empty, |v| bytes.slice(v.0..v.1));
 
         InternalValue { key, value }
     }
@@ -356,7 +386,10 @@ impl DataBlock {
         let hash_index_offset = unwrap!(reader.read_u32::<LittleEndian>());
 
         if hash_index_len == 0 {
-            debug_assert_eq!(0, hash_index_offset, "hash index offset should be 0 if its length is 0");
+            debug_assert_eq!(
+                0, hash_index_offset,
+                "hash index offset should be 0 if its length is 0"
+            );
             None
         } else {
             Some(HashIndexReader::new(
@@ -370,7 +403,8 @@ impl DataBlock {
     /// Returns the number of hash buckets.
     #[must_use]
     pub fn hash_bucket_count(&self) -> Option<usize> {
-        self.get_hash_index_reader().map(|reader| reader.bucket_count())
+        self.get_hash_index_reader()
+            .map(|reader| reader.bucket_count())
     }
 
     // TODO: handle seqno more nicely (make Key generic, so we can do binary search over (key, seqno))
@@ -493,10 +527,19 @@ impl DataBlock {
         hash_index_ratio: f32,
     ) -> crate::Result<()> {
         #[expect(clippy::expect_used, reason = "the chunk should not be empty")]
-        let first_key = &items.first().expect("chunk should not be empty").key.user_key;
+        let first_key = &items
+            .first()
+            .expect("chunk should not be empty")
+            .key
+            .user_key;
 
-        let mut serializer =
-            Encoder::<'_, (), InternalValue>::new(writer, items.len(), restart_interval, hash_index_ratio, first_key);
+        let mut serializer = Encoder::<'_, (), InternalValue>::new(
+            writer,
+            items.len(),
+            restart_interval,
+            hash_index_ratio,
+            first_key,
+        );
 
         for item in items {
             serializer.write(item)?;
@@ -522,7 +565,12 @@ mod tests {
     #[test]
     fn data_block_ping_pong_fuzz_1() -> crate::Result<()> {
         let items = [
-            InternalValue::from_components(Slice::from([111]), Slice::from([119]), 8_602_264_972_526_186_597, Value),
+            InternalValue::from_components(
+                Slice::from([111]),
+                Slice::from([119]),
+                8_602_264_972_526_186_597,
+                Value,
+            ),
             InternalValue::from_components(
                 Slice::from([121, 120, 99]),
                 Slice::from([101, 101, 101, 101, 101, 101, 101, 101, 101, 101, 101]),
@@ -561,7 +609,9 @@ mod tests {
         };
 
         let real_ping_ponged_items = {
-            let mut iter = data_block.iter().map(|x| x.materialize(data_block.as_slice()));
+            let mut iter = data_block
+                .iter()
+                .map(|x| x.materialize(data_block.as_slice()));
 
             let mut v = vec![];
 
@@ -746,7 +796,12 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
+        assert!(
+            data_block
+                .hash_bucket_count()
+                .expect("should have built hash index")
+                > 0,
+        );
 
         for needle in items {
             assert_eq!(
@@ -854,7 +909,12 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
+        assert!(
+            data_block
+                .hash_bucket_count()
+                .expect("should have built hash index")
+                > 0,
+        );
 
         for needle in items {
             assert_eq!(
@@ -1112,7 +1172,12 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
+        assert!(
+            data_block
+                .hash_bucket_count()
+                .expect("should have built hash index")
+                > 0,
+        );
 
         assert!(data_block
             .point_read(b"pla:venus:fact", SeqNo::MAX)
@@ -1150,7 +1215,12 @@ mod tests {
         });
 
         assert_eq!(data_block.len(), items.len());
-        assert!(data_block.hash_bucket_count().expect("should have built hash index") > 0,);
+        assert!(
+            data_block
+                .hash_bucket_count()
+                .expect("should have built hash index")
+                > 0,
+        );
 
         for needle in items {
             assert_eq!(

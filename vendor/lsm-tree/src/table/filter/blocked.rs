@@ -161,9 +161,13 @@ impl<'a> Reader<'a> {
             u64::from_le_bytes(w)
         };
         let (blocks, k) = (word(at + 2), word(at + 10));
-        let blocks = usize::try_from(blocks).map_err(|_| crate::Error::InvalidHeader("BlockedBloomFilter"))?;
+        let blocks = usize::try_from(blocks)
+            .map_err(|_| crate::Error::InvalidHeader("BlockedBloomFilter"))?;
         let body = &bytes[HEADER_BYTES..];
-        if blocks == 0 || !(1..=MAX_K as u64).contains(&k) || blocks.checked_mul(BLOCK_BYTES) != Some(body.len()) {
+        if blocks == 0
+            || !(1..=MAX_K as u64).contains(&k)
+            || blocks.checked_mul(BLOCK_BYTES) != Some(body.len())
+        {
             return Err(crate::Error::InvalidHeader("BlockedBloomFilter"));
         }
         #[expect(clippy::cast_possible_truncation, reason = "k is at most MAX_K")]
@@ -224,8 +228,14 @@ mod tests {
             .filter(|i| r.contains_hash(Standard::get_hash(&key(*i))))
             .count();
         // 967 (0.97%) when written; a standard filter of the same size: 837.
-        assert!(false_positives < 2_000, "{false_positives} false positives in {n}");
-        assert!(false_positives > 100, "{false_positives} false positives: bits unused?");
+        assert!(
+            false_positives < 2_000,
+            "{false_positives} false positives in {n}"
+        );
+        assert!(
+            false_positives > 100,
+            "{false_positives} false positives: bits unused?"
+        );
         Ok(())
     }
 
@@ -257,13 +267,16 @@ mod tests {
     /// A table keeps upstream's standard filter in its `filter` section, which is what
     /// lsm-tree 3.1.10 reads, and the blocked one in [`SECTION`], which this crate reads.
     #[test]
-    fn a_table_holds_the_standard_filter_for_upstream_and_the_blocked_one_for_reads() -> crate::Result<()> {
+    fn a_table_holds_the_standard_filter_for_upstream_and_the_blocked_one_for_reads(
+    ) -> crate::Result<()> {
         use crate::table::{regions::ParsedRegions, Writer};
         use crate::{CompressionType, InternalValue, ValueType};
 
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("table");
-        let keys: Vec<Vec<u8>> = (0..1_000u64).map(|i| format!("state\0{i:06}").into_bytes()).collect();
+        let keys: Vec<Vec<u8>> = (0..1_000u64)
+            .map(|i| format!("state\0{i:06}").into_bytes())
+            .collect();
         let mut writer = Writer::new(path.clone(), 0, 0)?;
         for k in &keys {
             writer.write(InternalValue::from_components(
@@ -293,7 +306,9 @@ mod tests {
         assert_eq!(blocked[type_byte], u8::from(FilterType::Blocked));
 
         // Upstream's reader, unchanged by the patches, finds every key in `filter`.
-        let upstream = crate::table::filter::standard_bloom::StandardBloomFilterReader::new(&standard)?;
+        let upstream = crate::table::filter::standard_bloom::StandardBloomFilterReader::new(
+            &standard,
+        )?;
         assert!(keys.iter().all(|k| upstream.contains_hash(Standard::get_hash(k))));
         let reader = Reader::new(&blocked)?;
         assert!(keys.iter().all(|k| reader.contains_hash(Standard::get_hash(k))));
@@ -330,7 +345,11 @@ mod tests {
                 assert!(block.maybe_contains_hash(Standard::get_hash(k))?);
             }
             let absent = (1_000..2_000)
-                .filter(|i| block.maybe_contains_hash(Standard::get_hash(&key(*i))).unwrap_or(true))
+                .filter(|i| {
+                    block
+                        .maybe_contains_hash(Standard::get_hash(&key(*i)))
+                        .unwrap_or(true)
+                })
                 .count();
             assert!(absent < 50, "{absent} of 1000 absent keys pass");
         }

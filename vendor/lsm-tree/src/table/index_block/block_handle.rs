@@ -131,7 +131,11 @@ impl PartialEq for KeyedBlockHandle {
 }
 
 impl Encodable<BlockOffset> for KeyedBlockHandle {
-    fn encode_full_into<W: std::io::Write>(&self, writer: &mut W, state: &mut BlockOffset) -> crate::Result<()> {
+    fn encode_full_into<W: std::io::Write>(
+        &self,
+        writer: &mut W,
+        state: &mut BlockOffset,
+    ) -> crate::Result<()> {
         // We encode restart markers as:
         // [marker=0] [offset] [size] [seqno] [key len] [end key]
         // 1          2        3      4       5         6
@@ -201,7 +205,11 @@ impl Decodable<IndexBlockParsedItem> for KeyedBlockHandle {
         })
     }
 
-    fn parse_restart_key<'a>(reader: &mut Cursor<&[u8]>, offset: usize, data: &'a [u8]) -> Option<(&'a [u8], SeqNo)> {
+    fn parse_restart_key<'a>(
+        reader: &mut Cursor<&[u8]>,
+        offset: usize,
+        data: &'a [u8],
+    ) -> Option<(&'a [u8], SeqNo)> {
         let marker = unwrap!(reader.read_u8());
 
         if marker == TRAILER_START_MARKER {
@@ -226,7 +234,9 @@ impl Decodable<IndexBlockParsedItem> for KeyedBlockHandle {
         let key_len_i64 = key_len as i64;
         unwrap!(reader.seek_relative(key_len_i64));
 
-        data.get(key_start..).and_then(|s| s.get(..key_len)).map(|k| (k, seqno))
+        data.get(key_start..)
+            .and_then(|s| s.get(..key_len))
+            .map(|k| (k, seqno))
     }
 
     // TODO: see https://github.com/fjall-rs/lsm-tree/issues/184

@@ -9,7 +9,10 @@ use crate::{
 };
 
 pub struct Iter<'a> {
-    decoder: DoubleEndedPeekable<IndexBlockParsedItem, Decoder<'a, KeyedBlockHandle, IndexBlockParsedItem>>,
+    decoder: DoubleEndedPeekable<
+        IndexBlockParsedItem,
+        Decoder<'a, KeyedBlockHandle, IndexBlockParsedItem>,
+    >,
 }
 
 impl<'a> Iter<'a> {
@@ -66,8 +69,16 @@ mod tests {
     fn index_block_iter_seek_before_start() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -87,7 +98,9 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(iter.seek(b"a", 0), "should seek");
 
-        let iter = index_block.iter().map(|item| item.materialize(&index_block.inner.data));
+        let iter = index_block
+            .iter()
+            .map(|item| item.materialize(&index_block.inner.data));
 
         let real_items: Vec<_> = iter.collect();
 
@@ -100,8 +113,16 @@ mod tests {
     fn index_block_iter_seek_start() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -121,7 +142,9 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(iter.seek(b"b", 1), "should seek");
 
-        let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+        let real_items: Vec<_> = iter
+            .map(|item| item.materialize(&index_block.inner.data))
+            .collect();
 
         assert_eq!(items, &*real_items);
 
@@ -132,8 +155,16 @@ mod tests {
     fn index_block_iter_seek_middle() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -153,9 +184,14 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(iter.seek(b"c", 0), "should seek");
 
-        let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+        let real_items: Vec<_> = iter
+            .map(|item| item.materialize(&index_block.inner.data))
+            .collect();
 
-        assert_eq!(items.iter().skip(2).cloned().collect::<Vec<_>>(), &*real_items,);
+        assert_eq!(
+            items.iter().skip(2).cloned().collect::<Vec<_>>(),
+            &*real_items,
+        );
 
         Ok(())
     }
@@ -164,8 +200,16 @@ mod tests {
     fn index_block_iter_rev_seek() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -185,7 +229,9 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(iter.seek_upper(b"c", 0), "should seek");
 
-        let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+        let real_items: Vec<_> = iter
+            .map(|item| item.materialize(&index_block.inner.data))
+            .collect();
 
         assert_eq!(items.to_vec(), &*real_items);
 
@@ -196,8 +242,16 @@ mod tests {
     fn index_block_iter_rev_seek_2() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -217,7 +271,9 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(iter.seek_upper(b"e", 0), "should seek");
 
-        let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+        let real_items: Vec<_> = iter
+            .map(|item| item.materialize(&index_block.inner.data))
+            .collect();
 
         assert_eq!(items.to_vec(), &*real_items);
 
@@ -228,8 +284,16 @@ mod tests {
     fn index_block_iter_rev_seek_3() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -249,9 +313,14 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(iter.seek_upper(b"b", 1), "should seek");
 
-        let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+        let real_items: Vec<_> = iter
+            .map(|item| item.materialize(&index_block.inner.data))
+            .collect();
 
-        assert_eq!(items.iter().take(2).cloned().collect::<Vec<_>>(), &*real_items,);
+        assert_eq!(
+            items.iter().take(2).cloned().collect::<Vec<_>>(),
+            &*real_items,
+        );
 
         Ok(())
     }
@@ -260,8 +329,16 @@ mod tests {
     fn index_block_iter_too_far() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -281,7 +358,9 @@ mod tests {
         let mut iter = index_block.iter();
         assert!(!iter.seek(b"zzz", 0), "should not seek");
 
-        let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+        let real_items: Vec<_> = iter
+            .map(|item| item.materialize(&index_block.inner.data))
+            .collect();
 
         assert_eq!(&[] as &[KeyedBlockHandle], &*real_items);
 
@@ -292,8 +371,16 @@ mod tests {
     fn index_block_iter_too_far_next_back() -> crate::Result<()> {
         let items = [
             KeyedBlockHandle::new(b"b".into(), 0, BlockHandle::new(BlockOffset(0), 6_000)),
-            KeyedBlockHandle::new(b"bcdef".into(), 0, BlockHandle::new(BlockOffset(6_000), 7_000)),
-            KeyedBlockHandle::new(b"def".into(), 0, BlockHandle::new(BlockOffset(13_000), 5_000)),
+            KeyedBlockHandle::new(
+                b"bcdef".into(),
+                0,
+                BlockHandle::new(BlockOffset(6_000), 7_000),
+            ),
+            KeyedBlockHandle::new(
+                b"def".into(),
+                0,
+                BlockHandle::new(BlockOffset(13_000), 5_000),
+            ),
         ];
 
         let bytes = IndexBlock::encode_into_vec(&items)?;
@@ -312,7 +399,10 @@ mod tests {
         assert!(!iter.seek(b"zzz", 0), "should not seek");
 
         assert!(iter.next().is_none(), "iterator should be exhausted");
-        assert!(iter.next_back().is_none(), "reverse iterator should also be exhausted");
+        assert!(
+            iter.next_back().is_none(),
+            "reverse iterator should also be exhausted"
+        );
 
         Ok(())
     }
@@ -343,7 +433,9 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 5), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
             assert_eq!(items, &*real_items);
         }
@@ -352,7 +444,9 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 4), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
             assert_eq!(items, &*real_items);
         }
@@ -361,36 +455,56 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 3), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
-            assert_eq!(items.iter().skip(1).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(1).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 2), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
-            assert_eq!(items.iter().skip(1).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(1).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 1), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
-            assert_eq!(items.iter().skip(2).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(2).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 0), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
-            assert_eq!(items.iter().skip(2).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(2).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         Ok(())
@@ -422,7 +536,9 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"a", 2), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
             assert_eq!(items.to_vec(), &*real_items);
         }
@@ -431,9 +547,14 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek(b"b", 1), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
-            assert_eq!(items.iter().skip(2).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(2).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         Ok(())
@@ -465,7 +586,9 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek_upper(b"a", 2), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
             assert_eq!(items.to_vec(), &*real_items);
         }
@@ -474,7 +597,9 @@ mod tests {
             let mut iter = index_block.iter();
             assert!(iter.seek_upper(b"b", 1), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
             assert_eq!(items.to_vec(), &*real_items);
         }
@@ -511,9 +636,14 @@ mod tests {
             assert!(iter.seek(b"b", 1), "should seek");
             assert!(iter.seek_upper(b"c", 1), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
-            assert_eq!(items.iter().skip(1).take(3).cloned().collect::<Vec<_>>(), &*real_items,);
+            assert_eq!(
+                items.iter().skip(1).take(3).cloned().collect::<Vec<_>>(),
+                &*real_items,
+            );
         }
 
         {
@@ -521,10 +651,18 @@ mod tests {
             assert!(iter.seek(b"b", 1), "should seek");
             assert!(iter.seek_upper(b"c", 1), "should seek");
 
-            let real_items: Vec<_> = iter.map(|item| item.materialize(&index_block.inner.data)).collect();
+            let real_items: Vec<_> = iter
+                .map(|item| item.materialize(&index_block.inner.data))
+                .collect();
 
             assert_eq!(
-                items.iter().skip(1).take(3).rev().cloned().collect::<Vec<_>>(),
+                items
+                    .iter()
+                    .skip(1)
+                    .take(3)
+                    .rev()
+                    .cloned()
+                    .collect::<Vec<_>>(),
                 &*real_items,
             );
         }

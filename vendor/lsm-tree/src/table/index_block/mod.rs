@@ -89,7 +89,9 @@ impl IndexBlock {
     #[must_use]
     #[expect(clippy::iter_without_into_iter)]
     pub fn iter(&self) -> Iter<'_> {
-        Iter::new(Decoder::<KeyedBlockHandle, IndexBlockParsedItem>::new(&self.inner))
+        Iter::new(Decoder::<KeyedBlockHandle, IndexBlockParsedItem>::new(
+            &self.inner,
+        ))
     }
 
     pub fn encode_into_vec(items: &[KeyedBlockHandle]) -> crate::Result<Vec<u8>> {

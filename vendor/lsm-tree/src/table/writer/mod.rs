@@ -7,7 +7,8 @@ mod index;
 mod meta;
 
 use super::{
-    block::Header as BlockHeader, filter::BloomConstructionPolicy, Block, BlockOffset, DataBlock, KeyedBlockHandle,
+    block::Header as BlockHeader, filter::BloomConstructionPolicy, Block, BlockOffset, DataBlock,
+    KeyedBlockHandle,
 };
 use crate::{
     checksum::{ChecksumType, ChecksummedWriter},
@@ -146,7 +147,13 @@ impl Writer {
         })
     }
 
-    pub fn link_blob_file(&mut self, blob_file_id: BlobFileId, len: usize, bytes: u64, on_disk_bytes: u64) {
+    pub fn link_blob_file(
+        &mut self,
+        blob_file_id: BlobFileId,
+        len: usize,
+        bytes: u64,
+        on_disk_bytes: u64,
+    ) {
         self.linked_blob_files.push(LinkedFile {
             blob_file_id,
             bytes,
@@ -164,8 +171,8 @@ impl Writer {
 
     #[must_use]
     pub fn use_partitioned_index(mut self) -> Self {
-        self.index_writer =
-            Box::new(index::PartitionedIndexWriter::new()).use_compression(self.index_block_compression);
+        self.index_writer = Box::new(index::PartitionedIndexWriter::new())
+            .use_compression(self.index_block_compression);
         self
     }
 
@@ -189,14 +196,20 @@ impl Writer {
 
     #[must_use]
     pub fn use_data_block_size(mut self, size: u32) -> Self {
-        assert!(size <= 4 * 1_024 * 1_024, "data block size must be <= 4 MiB",);
+        assert!(
+            size <= 4 * 1_024 * 1_024,
+            "data block size must be <= 4 MiB",
+        );
         self.data_block_size = size;
         self
     }
 
     #[must_use]
     pub fn use_meta_partition_size(mut self, size: u32) -> Self {
-        assert!(size <= 4 * 1_024 * 1_024, "data block size must be <= 4 MiB",);
+        assert!(
+            size <= 4 * 1_024 * 1_024,
+            "data block size must be <= 4 MiB",
+        );
         self.meta_partition_size = size;
         self.index_writer = self.index_writer.use_partition_size(size);
         self.filter_writer = self.filter_writer.use_partition_size(size);
@@ -253,7 +266,10 @@ impl Writer {
         // eventfold patch: the previous item's key is `current_key` (see `previous_type`).
         let same_key = self.current_key.as_ref() == Some(user_key);
 
-        if value_type == ValueType::Value && same_key && self.previous_type == Some(ValueType::WeakTombstone) {
+        if value_type == ValueType::Value
+            && same_key
+            && self.previous_type == Some(ValueType::WeakTombstone)
+        {
             self.meta.weak_tombstone_reclaimable_count += 1;
         }
 
@@ -323,11 +339,12 @@ impl Writer {
         )]
         let bytes_written = BlockHeader::serialized_len() as u32 + header.data_length;
 
-        self.index_writer.register_data_block(KeyedBlockHandle::new(
-            last.key.user_key.clone(),
-            last.key.seqno,
-            BlockHandle::new(self.meta.file_pos, bytes_written),
-        ))?;
+        self.index_writer
+            .register_data_block(KeyedBlockHandle::new(
+                last.key.user_key.clone(),
+                last.key.seqno,
+                BlockHandle::new(self.meta.file_pos, bytes_written),
+            ))?;
 
         // Adjust metadata
         self.meta.file_pos += u64::from(bytes_written);
@@ -344,7 +361,11 @@ impl Writer {
             // to get ownership of it, because the chunk is cleared after
             // this anyway
             #[expect(clippy::expect_used, reason = "chunk is not empty")]
-            self.chunk.pop().expect("chunk should not be empty").key.user_key,
+            self.chunk
+                .pop()
+                .expect("chunk should not be empty")
+                .key
+                .user_key,
         );
 
         // IMPORTANT: Clear chunk after everything else
@@ -385,7 +406,8 @@ impl Writer {
                 clippy::cast_possible_truncation,
                 reason = "there are never 4 billion blob files linked to a single table"
             )]
-            self.file_writer.write_u32::<LE>(self.linked_blob_files.len() as u32)?;
+            self.file_writer
+                .write_u32::<LE>(self.linked_blob_files.len() as u32)?;
 
             for file in self.linked_blob_files {
                 self.file_writer.write_u64::<LE>(file.blob_file_id)?;
@@ -407,15 +429,33 @@ impl Writer {
             }
 
             let meta_items = [
-                meta("block_count#data", &(self.meta.data_block_count as u64).to_le_bytes()),
-                meta("block_count#filter", &(filter_block_count as u64).to_le_bytes()),
-                meta("block_count#index", &(index_block_count as u64).to_le_bytes()),
+                meta(
+                    "block_count#data",
+                    &(self.meta.data_block_count as u64).to_le_bytes(),
+                ),
+                meta(
+                    "block_count#filter",
+                    &(filter_block_count as u64).to_le_bytes(),
+                ),
+                meta(
+                    "block_count#index",
+                    &(index_block_count as u64).to_le_bytes(),
+                ),
                 meta("checksum_type", &[u8::from(ChecksumType::Xxh3)]),
-                meta("compression#data", &self.data_block_compression.encode_into_vec()),
-                meta("compression#index", &self.index_block_compression.encode_into_vec()),
+                meta(
+                    "compression#data",
+                    &self.data_block_compression.encode_into_vec(),
+                ),
+                meta(
+                    "compression#index",
+                    &self.index_block_compression.encode_into_vec(),
+                ),
                 meta("crate_version", env!("CARGO_PKG_VERSION").as_bytes()),
                 meta("created_at", &unix_timestamp().as_nanos().to_le_bytes()),
-                meta("data_block_hash_ratio", &self.data_block_hash_ratio.to_le_bytes()),
+                meta(
+                    "data_block_hash_ratio",
+                    &self.data_block_hash_ratio.to_le_bytes(),
+                ),
                 meta("file_size", &self.meta.file_pos.to_le_bytes()),
                 meta("filter_hash_type", &[u8::from(ChecksumType::Xxh3)]),
                 meta("index_keys_have_seqno", &[0x1]),
@@ -436,7 +476,10 @@ impl Writer {
                 meta("key_count", &(self.meta.key_count as u64).to_le_bytes()),
                 meta("prefix_truncation#data", &[1]), // NOTE: currently prefix truncation can not be disabled
                 meta("prefix_truncation#index", &[1]), // NOTE: currently prefix truncation can not be disabled
-                meta("restart_interval#data", &self.data_block_restart_interval.to_le_bytes()),
+                meta(
+                    "restart_interval#data",
+                    &self.data_block_restart_interval.to_le_bytes(),
+                ),
                 meta(
                     "restart_interval#index",
                     &self.index_block_restart_interval.to_le_bytes(),
@@ -445,7 +488,10 @@ impl Writer {
                 meta("seqno#min", &self.meta.lowest_seqno.to_le_bytes()),
                 meta("table_id", &self.table_id.to_le_bytes()),
                 meta("table_version", &[3u8]),
-                meta("tombstone_count", &(self.meta.tombstone_count as u64).to_le_bytes()),
+                meta(
+                    "tombstone_count",
+                    &(self.meta.tombstone_count as u64).to_le_bytes(),
+                ),
                 meta("user_data_size", &self.meta.uncompressed_size.to_le_bytes()),
                 meta(
                     "weak_tombstone_count",
@@ -517,15 +563,30 @@ mod tests {
         assert_eq!(0, writer.meta.key_count);
         assert_eq!(0, writer.chunk_size);
 
-        writer.write(InternalValue::from_components(b"a", b"a", 0, ValueType::Value))?;
+        writer.write(InternalValue::from_components(
+            b"a",
+            b"a",
+            0,
+            ValueType::Value,
+        ))?;
         assert_eq!(1, writer.meta.key_count);
         assert_eq!(2, writer.chunk_size);
 
-        writer.write(InternalValue::from_components(b"b", b"b", 0, ValueType::Value))?;
+        writer.write(InternalValue::from_components(
+            b"b",
+            b"b",
+            0,
+            ValueType::Value,
+        ))?;
         assert_eq!(2, writer.meta.key_count);
         assert_eq!(4, writer.chunk_size);
 
-        writer.write(InternalValue::from_components(b"c", b"c", 0, ValueType::Value))?;
+        writer.write(InternalValue::from_components(
+            b"c",
+            b"c",
+            0,
+            ValueType::Value,
+        ))?;
         assert_eq!(3, writer.meta.key_count);
         assert_eq!(6, writer.chunk_size);
 

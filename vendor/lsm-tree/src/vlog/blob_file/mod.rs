@@ -10,7 +10,8 @@ pub mod scanner;
 pub mod writer;
 
 use crate::{
-    blob_tree::FragmentationMap, file_accessor::FileAccessor, vlog::BlobFileId, Checksum, GlobalTableId, TreeId,
+    blob_tree::FragmentationMap, file_accessor::FileAccessor, vlog::BlobFileId, Checksum,
+    GlobalTableId, TreeId,
 };
 pub use meta::Metadata;
 use std::{
@@ -49,7 +50,11 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.is_deleted.load(std::sync::atomic::Ordering::Acquire) {
-            log::trace!("Cleanup deleted blob file {:?} at {}", self.id, self.path.display(),);
+            log::trace!(
+                "Cleanup deleted blob file {:?} at {}",
+                self.id,
+                self.path.display(),
+            );
 
             if let Err(e) = std::fs::remove_file(&*self.path) {
                 log::warn!(
@@ -86,7 +91,9 @@ impl std::hash::Hash for BlobFile {
 
 impl BlobFile {
     pub(crate) fn mark_as_deleted(&self) {
-        self.0.is_deleted.store(true, std::sync::atomic::Ordering::Release);
+        self.0
+            .is_deleted
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Returns the blob file ID.

@@ -91,8 +91,8 @@ impl MultiWriter {
         let new_blob_file_id = self.id_generator.next();
         let blob_file_path = self.folder.join(new_blob_file_id.to_string());
 
-        let new_writer =
-            Writer::new(blob_file_path, new_blob_file_id, self.tree_id)?.use_compression(self.blob_compression);
+        let new_writer = Writer::new(blob_file_path, new_blob_file_id, self.tree_id)?
+            .use_compression(self.blob_compression);
 
         let old_writer = std::mem::replace(&mut self.active_writer, new_writer);
         let blob_file = Self::consume_writer(old_writer, self.descriptor_table.clone())?;
@@ -120,8 +120,9 @@ impl MultiWriter {
             let (metadata, checksum) = writer.finish()?;
 
             let file = Arc::new(File::open(&path)?);
-            let file_accessor =
-                descriptor_table.map_or(FileAccessor::File(file.clone()), |dt| FileAccessor::DescriptorTable(dt));
+            let file_accessor = descriptor_table.map_or(FileAccessor::File(file.clone()), |dt| {
+                FileAccessor::DescriptorTable(dt)
+            });
             file_accessor.insert_for_blob_file((tree_id, blob_file_id).into(), file);
 
             let blob_file = BlobFile(Arc::new(BlobFileInner {
@@ -150,7 +151,10 @@ impl MultiWriter {
             );
 
             if let Err(e) = std::fs::remove_file(&writer.path) {
-                log::warn!("Could not delete empty blob file at {}: {e:?}", writer.path.display(),);
+                log::warn!(
+                    "Could not delete empty blob file at {}: {e:?}",
+                    writer.path.display(),
+                );
             }
 
             Ok(None)

@@ -68,7 +68,9 @@ impl<'a> Reader<'a> {
             };
 
             if expected_checksum != checksum {
-                log::error!("Checksum mismatch for blob {vhandle:?}, got={checksum}, expected={expected_checksum}",);
+                log::error!(
+                    "Checksum mismatch for blob {vhandle:?}, got={checksum}, expected={expected_checksum}",
+                );
 
                 return Err(crate::Error::ChecksumMismatch {
                     got: Checksum::from_raw(checksum),
@@ -116,8 +118,8 @@ mod tests {
         let id_generator = SequenceNumberCounter::default();
 
         let folder = tempfile::tempdir()?;
-        let mut writer =
-            crate::vlog::BlobFileWriter::new(id_generator, folder.path(), 0, None)?.use_target_size(u64::MAX);
+        let mut writer = crate::vlog::BlobFileWriter::new(id_generator, folder.path(), 0, None)?
+            .use_target_size(u64::MAX);
 
         let handle = writer.write(b"a", 0, b"abcdef")?;
 

@@ -87,7 +87,10 @@ impl Iterator for Scanner {
 
         let key = fail_iter!(UserKey::from_reader(&mut self.inner, key_len as usize));
 
-        let value = fail_iter!(UserValue::from_reader(&mut self.inner, on_disk_val_len as usize));
+        let value = fail_iter!(UserValue::from_reader(
+            &mut self.inner,
+            on_disk_val_len as usize
+        ));
 
         {
             let checksum = {

@@ -4,8 +4,8 @@
 
 use super::meta::Metadata;
 use crate::{
-    checksum::ChecksummedWriter, time::unix_timestamp, vlog::BlobFileId, Checksum, CompressionType, KeyRange, SeqNo,
-    TreeId, UserKey,
+    checksum::ChecksummedWriter, time::unix_timestamp, vlog::BlobFileId, Checksum, CompressionType,
+    KeyRange, SeqNo, TreeId, UserKey,
 };
 use byteorder::{LittleEndian, WriteBytesExt};
 use std::{
@@ -63,7 +63,11 @@ impl Writer {
     ///
     /// Will return `Err` if an IO error occurs.
     #[doc(hidden)]
-    pub fn new<P: AsRef<Path>>(path: P, blob_file_id: BlobFileId, tree_id: TreeId) -> crate::Result<Self> {
+    pub fn new<P: AsRef<Path>>(
+        path: P,
+        blob_file_id: BlobFileId,
+        tree_id: TreeId,
+    ) -> crate::Result<Self> {
         let path = path.as_ref();
 
         let writer = BufWriter::new(File::create(path)?);
@@ -142,7 +146,9 @@ impl Writer {
 
         let value = match &self.blob_compression {
             #[cfg(feature = "lz4")]
-            BlobCompression::Standard(CompressionType::Lz4) => std::borrow::Cow::Owned(lz4_flex::compress(value)),
+            BlobCompression::Standard(CompressionType::Lz4) => {
+                std::borrow::Cow::Owned(lz4_flex::compress(value))
+            }
 
             _ => std::borrow::Cow::Borrowed(value),
         };
@@ -224,8 +230,12 @@ impl Writer {
             total_uncompressed_bytes: self.uncompressed_bytes,
             #[expect(clippy::expect_used, reason = "should have written at least 1 item")]
             key_range: KeyRange::new((
-                self.first_key.clone().expect("should have written at least 1 item"),
-                self.last_key.clone().expect("should have written at least 1 item"),
+                self.first_key
+                    .clone()
+                    .expect("should have written at least 1 item"),
+                self.last_key
+                    .clone()
+                    .expect("should have written at least 1 item"),
             )),
             compression: {
                 use BlobCompression::{Passthrough, Standard};

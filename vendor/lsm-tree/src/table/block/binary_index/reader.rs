@@ -18,7 +18,10 @@ impl<'a> Reader<'a> {
         let end = offset + size;
 
         Self {
-            #[expect(clippy::indexing_slicing, reason = "we consider the caller to be trustworthy")]
+            #[expect(
+                clippy::indexing_slicing,
+                reason = "we consider the caller to be trustworthy"
+            )]
             bytes: &bytes[offset..end],
             step_size,
         }
@@ -31,7 +34,10 @@ impl<'a> Reader<'a> {
     pub(crate) fn get(&self, idx: usize) -> usize {
         let offset = idx * self.step_size;
 
-        #[expect(clippy::indexing_slicing, reason = "we consider the caller to be trustworthy")]
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "we consider the caller to be trustworthy"
+        )]
         let mut bytes = &self.bytes[offset..];
 
         if self.step_size == 2 {

@@ -25,7 +25,10 @@ impl Builder {
     }
 
     fn calculate_bucket_count(item_count: usize, hash_ratio: f32) -> u32 {
-        assert!(hash_ratio.is_sign_positive(), "hash_ratio may not be negative",);
+        assert!(
+            hash_ratio.is_sign_positive(),
+            "hash_ratio may not be negative",
+        );
 
         if hash_ratio > 0.0 {
             #[expect(
@@ -59,7 +62,10 @@ impl Builder {
 
     /// Tries to map the given key to the binary index position.
     pub fn set(&mut self, key: &[u8], binary_index_pos: u8) -> bool {
-        debug_assert!(binary_index_pos <= 253, "restart index too high for hash index");
+        debug_assert!(
+            binary_index_pos <= 253,
+            "restart index too high for hash index"
+        );
 
         assert!(self.bucket_count() > 0, "no buckets to insert into");
 

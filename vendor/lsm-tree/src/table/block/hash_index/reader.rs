@@ -15,7 +15,10 @@ impl<'a> Reader<'a> {
         let len = len as usize;
         let end = offset + len;
 
-        #[expect(clippy::indexing_slicing, reason = "we consider the caller to be trustworthy")]
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "we consider the caller to be trustworthy"
+        )]
         Self(&bytes[offset..end])
     }
 
@@ -32,7 +35,10 @@ impl<'a> Reader<'a> {
         reason = "only used in metrics, so no need to be hyper-optimized"
     )]
     pub fn conflict_count(&self) -> usize {
-        self.0.iter().filter(|&&byte| byte == MARKER_CONFLICT).count()
+        self.0
+            .iter()
+            .filter(|&&byte| byte == MARKER_CONFLICT)
+            .count()
     }
 
     /// Returns the binary index position if the key is not conflicted.

@@ -25,7 +25,10 @@ pub struct Builder {
 }
 
 impl Builder {
-    #[expect(clippy::expect_used, reason = "we write into a Vec<u8>, so no I/O error can happen")]
+    #[expect(
+        clippy::expect_used,
+        reason = "we write into a Vec<u8>, so no I/O error can happen"
+    )]
     #[must_use]
     pub fn build(&self) -> Vec<u8> {
         let mut v = vec![];
@@ -34,13 +37,16 @@ impl Builder {
         v.write_all(&MAGIC_BYTES).expect("should not fail");
 
         // NOTE: Filter type
-        v.write_u8(FilterType::StandardBloom.into()).expect("should not fail");
+        v.write_u8(FilterType::StandardBloom.into())
+            .expect("should not fail");
 
         // NOTE: Hash type (unused)
         v.write_u8(0).expect("should not fail");
 
-        v.write_u64::<LittleEndian>(self.m as u64).expect("should not fail");
-        v.write_u64::<LittleEndian>(self.k as u64).expect("should not fail");
+        v.write_u64::<LittleEndian>(self.m as u64)
+            .expect("should not fail");
+        v.write_u64::<LittleEndian>(self.k as u64)
+            .expect("should not fail");
         v.write_all(self.inner.bytes()).expect("should not fail");
 
         v

@@ -65,7 +65,10 @@ impl<'a> StandardBloomFilterReader<'a> {
         )]
         let m = reader.read_u64::<LittleEndian>()? as usize;
 
-        #[expect(clippy::cast_possible_truncation, reason = "k easily fits into any integer")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "k easily fits into any integer"
+        )]
         let k = reader.read_u64::<LittleEndian>()? as usize;
 
         #[expect(
@@ -74,7 +77,10 @@ impl<'a> StandardBloomFilterReader<'a> {
         )]
         let offset = reader.position() as usize;
 
-        #[expect(clippy::expect_used, reason = "offset is expected to be with slice bounds")]
+        #[expect(
+            clippy::expect_used,
+            reason = "offset is expected to be with slice bounds"
+        )]
         Ok(Self {
             k,
             m,
@@ -143,7 +149,8 @@ mod tests {
         let mut filter = Builder::with_fp_rate(10, 0.0001);
 
         let keys = &[
-            b"item0", b"item1", b"item2", b"item3", b"item4", b"item5", b"item6", b"item7", b"item8", b"item9",
+            b"item0", b"item1", b"item2", b"item3", b"item4", b"item5", b"item6", b"item7",
+            b"item8", b"item9",
         ];
 
         for key in keys {

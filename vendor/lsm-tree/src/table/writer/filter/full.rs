@@ -36,7 +36,10 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
         self
     }
 
-    fn set_filter_policy(mut self: Box<Self>, policy: BloomConstructionPolicy) -> Box<dyn FilterWriter<W>> {
+    fn set_filter_policy(
+        mut self: Box<Self>,
+        policy: BloomConstructionPolicy,
+    ) -> Box<dyn FilterWriter<W>> {
         self.bloom_policy = policy;
         self
     }
@@ -57,7 +60,10 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
 
             let n = self.bloom_hash_buffer.len();
 
-            log::trace!("Constructing Bloom filter with {n} entries: {:?}", self.bloom_policy,);
+            log::trace!(
+                "Constructing Bloom filter with {n} entries: {:?}",
+                self.bloom_policy,
+            );
 
             let start = std::time::Instant::now();
 
@@ -71,7 +77,11 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for FullFilterWriter {
                 builder.build()
             };
 
-            log::trace!("Built Bloom filter ({}B) in {:?}", filter_bytes.len(), start.elapsed(),);
+            log::trace!(
+                "Built Bloom filter ({}B) in {:?}",
+                filter_bytes.len(),
+                start.elapsed(),
+            );
 
             Block::write_into(
                 file_writer,

@@ -8,7 +8,9 @@ mod partitioned;
 pub use full::FullFilterWriter;
 pub use partitioned::PartitionedFilterWriter;
 
-use crate::{checksum::ChecksummedWriter, config::BloomConstructionPolicy, CompressionType, UserKey};
+use crate::{
+    checksum::ChecksummedWriter, config::BloomConstructionPolicy, CompressionType, UserKey,
+};
 use std::{fs::File, io::BufWriter};
 
 pub trait FilterWriter<W: std::io::Write> {
@@ -25,9 +27,15 @@ pub trait FilterWriter<W: std::io::Write> {
         file_writer: &mut sfa::Writer<ChecksummedWriter<BufWriter<File>>>,
     ) -> crate::Result<usize>;
 
-    fn set_filter_policy(self: Box<Self>, policy: BloomConstructionPolicy) -> Box<dyn FilterWriter<W>>;
+    fn set_filter_policy(
+        self: Box<Self>,
+        policy: BloomConstructionPolicy,
+    ) -> Box<dyn FilterWriter<W>>;
 
-    fn use_tli_compression(self: Box<Self>, compression: CompressionType) -> Box<dyn FilterWriter<W>>;
+    fn use_tli_compression(
+        self: Box<Self>,
+        compression: CompressionType,
+    ) -> Box<dyn FilterWriter<W>>;
 
     fn use_partition_size(self: Box<Self>, size: u32) -> Box<dyn FilterWriter<W>>;
 }

@@ -7,8 +7,8 @@ use crate::{
     checksum::ChecksummedWriter,
     config::BloomConstructionPolicy,
     table::{
-        block::Header as BlockHeader, filter::standard_bloom::Builder, Block, BlockHandle, BlockOffset, IndexBlock,
-        KeyedBlockHandle,
+        block::Header as BlockHeader, filter::standard_bloom::Builder, Block, BlockHandle,
+        BlockOffset, IndexBlock, KeyedBlockHandle,
     },
     CompressionType, UserKey,
 };
@@ -121,7 +121,10 @@ impl PartitionedFilterWriter {
             self.compression,
         )?;
 
-        #[expect(clippy::cast_possible_truncation, reason = "blocks never even approach u32 size")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "blocks never even approach u32 size"
+        )]
         let bytes_written = BlockHeader::serialized_len() as u32 + header.data_length;
 
         debug_assert!(bytes_written > 0, "Top level index should never be empty");
@@ -141,12 +144,18 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for PartitionedFilterWri
         self
     }
 
-    fn use_tli_compression(mut self: Box<Self>, compression: CompressionType) -> Box<dyn FilterWriter<W>> {
+    fn use_tli_compression(
+        mut self: Box<Self>,
+        compression: CompressionType,
+    ) -> Box<dyn FilterWriter<W>> {
         self.compression = compression;
         self
     }
 
-    fn set_filter_policy(mut self: Box<Self>, policy: BloomConstructionPolicy) -> Box<dyn FilterWriter<W>> {
+    fn set_filter_policy(
+        mut self: Box<Self>,
+        policy: BloomConstructionPolicy,
+    ) -> Box<dyn FilterWriter<W>> {
         self.bloom_policy = policy;
         self
     }
@@ -154,7 +163,9 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for PartitionedFilterWri
     fn register_key(&mut self, key: &UserKey) -> crate::Result<()> {
         self.bloom_hash_buffer.push(Builder::get_hash(key));
 
-        self.approx_filter_size = self.bloom_policy.estimated_filter_size(self.bloom_hash_buffer.len());
+        self.approx_filter_size = self
+            .bloom_policy
+            .estimated_filter_size(self.bloom_hash_buffer.len());
 
         self.last_key = Some(key.clone());
 
@@ -175,7 +186,10 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for PartitionedFilterWri
         }
 
         if !self.bloom_hash_buffer.is_empty() {
-            #[expect(clippy::expect_used, reason = "last key must exist because of initial check")]
+            #[expect(
+                clippy::expect_used,
+                reason = "last key must exist because of initial check"
+            )]
             let last_key = self.last_key.take().expect("last key should exist");
             self.spill_filter_partition(&last_key)?;
         }

@@ -5,7 +5,8 @@
 use crate::{
     checksum::ChecksummedWriter,
     table::{
-        block::Header as BlockHeader, index_block::KeyedBlockHandle, writer::index::BlockIndexWriter, Block, IndexBlock,
+        block::Header as BlockHeader, index_block::KeyedBlockHandle,
+        writer::index::BlockIndexWriter, Block, IndexBlock,
     },
     CompressionType,
 };
@@ -30,7 +31,10 @@ impl<W: std::io::Write + std::io::Seek> BlockIndexWriter<W> for FullIndexWriter 
         self
     }
 
-    fn use_compression(mut self: Box<Self>, compression: CompressionType) -> Box<dyn BlockIndexWriter<W>> {
+    fn use_compression(
+        mut self: Box<Self>,
+        compression: CompressionType,
+    ) -> Box<dyn BlockIndexWriter<W>> {
         self.compression = compression;
         self
     }
@@ -64,7 +68,10 @@ impl<W: std::io::Write + std::io::Seek> BlockIndexWriter<W> for FullIndexWriter 
             self.compression,
         )?;
 
-        #[expect(clippy::cast_possible_truncation, reason = "blocks never even approach u32 size")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "blocks never even approach u32 size"
+        )]
         let bytes_written = BlockHeader::serialized_len() as u32 + header.data_length;
 
         debug_assert!(bytes_written > 0, "Block index should never be empty");

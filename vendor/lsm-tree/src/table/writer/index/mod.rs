@@ -23,7 +23,10 @@ pub trait BlockIndexWriter<W: std::io::Write> {
         file_writer: &mut sfa::Writer<ChecksummedWriter<BufWriter<File>>>,
     ) -> crate::Result<usize>;
 
-    fn use_compression(self: Box<Self>, compression: CompressionType) -> Box<dyn BlockIndexWriter<W>>;
+    fn use_compression(
+        self: Box<Self>,
+        compression: CompressionType,
+    ) -> Box<dyn BlockIndexWriter<W>>;
 
     fn use_partition_size(self: Box<Self>, size: u32) -> Box<dyn BlockIndexWriter<W>>;
 }

@@ -5,8 +5,8 @@
 use crate::{
     checksum::ChecksummedWriter,
     table::{
-        block::Header as BlockHeader, index_block::KeyedBlockHandle, writer::index::BlockIndexWriter, Block,
-        BlockHandle, BlockOffset, IndexBlock,
+        block::Header as BlockHeader, index_block::KeyedBlockHandle,
+        writer::index::BlockIndexWriter, Block, BlockHandle, BlockOffset, IndexBlock,
     },
     CompressionType,
 };
@@ -72,7 +72,10 @@ impl PartitionedIndexWriter {
         // to get ownership of it, because the chunk is cleared after
         // this anyway
         #[expect(clippy::expect_used, reason = "chunk is not empty")]
-        let last = self.data_block_handles.pop().expect("Chunk should not be empty");
+        let last = self
+            .data_block_handles
+            .pop()
+            .expect("Chunk should not be empty");
 
         let index_block_handle = KeyedBlockHandle::new(
             last.end_key().clone(),
@@ -144,7 +147,10 @@ impl<W: std::io::Write + std::io::Seek> BlockIndexWriter<W> for PartitionedIndex
         self
     }
 
-    fn use_compression(mut self: Box<Self>, compression: CompressionType) -> Box<dyn BlockIndexWriter<W>> {
+    fn use_compression(
+        mut self: Box<Self>,
+        compression: CompressionType,
+    ) -> Box<dyn BlockIndexWriter<W>> {
         self.compression = compression;
         self
     }
@@ -161,7 +167,8 @@ impl<W: std::io::Write + std::io::Seek> BlockIndexWriter<W> for PartitionedIndex
             clippy::cast_possible_truncation,
             reason = "key is u16 max, so we can not exceed u32::MAX"
         )]
-        let block_handle_size = (block_handle.end_key().len() + std::mem::size_of::<KeyedBlockHandle>()) as u32;
+        let block_handle_size =
+            (block_handle.end_key().len() + std::mem::size_of::<KeyedBlockHandle>()) as u32;
 
         self.buffer_size += block_handle_size;
 
