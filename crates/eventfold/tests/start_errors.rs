@@ -53,3 +53,31 @@ fn an_address_in_use_names_the_address_and_the_likely_cause() {
     assert!(err.contains("another process listens there"), "{err}");
     assert!(err.contains("--http"), "{err}");
 }
+
+/// The replication factor flag reaches topic creation: the single test broker cannot
+/// hold two replicas, and the start says so.
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_factor_the_cluster_cannot_hold_stops_the_start() {
+    let bootstrap = std::env::var("EVENTFOLD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let dir = tempfile::tempdir().unwrap();
+    let app_id = format!("rf-{}", std::process::id());
+    let args = [
+        "counter",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--kafka",
+        &bootstrap,
+        "--app-id",
+        &app_id,
+        "--kafka-replication-factor",
+        "2",
+    ];
+    let opts = Cli::try_parse_from(args).expect("the flags parse").serve;
+    let err = match app().start(&opts, &NoFlags {}) {
+        Ok(_) => panic!("topics with 2 replicas were created on a single broker"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("with replication factor 2"), "{err}");
+    assert!(err.contains("--kafka-replication-factor"), "{err}");
+}

@@ -239,6 +239,12 @@ impl Provisioner {
                 Ok(_) => tracing::info!(topic, partitions = self.partitions, ?config, "created Kafka topic"),
                 // Another instance (or thread) created it first: `ensure` checks its count.
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, RDKafkaErrorCode::InvalidReplicationFactor)) => {
+                    return Err(Error::Kafka(format!(
+                        "cannot create topic `{name}` with replication factor {}: the cluster has fewer live brokers than that (lower --kafka-replication-factor, or add brokers)",
+                        self.defaults.replication_factor
+                    )));
+                }
                 Err((name, code)) => {
                     return Err(Error::Kafka(format!("cannot create topic `{name}`: {code}")));
                 }

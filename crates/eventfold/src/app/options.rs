@@ -118,6 +118,11 @@ pub struct ServeOptions {
     /// finds its producer fenced and stops (restart it).
     #[arg(long, env = "EVENTFOLD_KAFKA_TRANSACTION_TIMEOUT_SECS", default_value_t = 10)]
     pub kafka_transaction_timeout_secs: u64,
+    /// Kafka mode: replication factor of the topics this service creates (existing topics
+    /// keep theirs). 1 suits a single test broker only: use at least 2 (3 with the
+    /// brokers' `min.insync.replicas=2`) in production.
+    #[arg(long, env = "EVENTFOLD_KAFKA_REPLICATION_FACTOR", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=32))]
+    pub kafka_replication_factor: i32,
     /// Kafka mode: a librdkafka setting for every Kafka client of the instance, as
     /// `KEY=VALUE` (repeatable; e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=PLAIN`,
     /// `debug=eos`). It wins over eventfold's own defaults.
@@ -173,6 +178,10 @@ impl ServeOptions {
             session_timeout: Duration::from_secs(self.kafka_session_timeout_secs.clamp(6, 1800)),
             transaction_timeout: Duration::from_secs(self.kafka_transaction_timeout_secs.max(1)),
             client_config: self.kafka_config.clone(),
+            topics: eventfold_log::kafka::TopicDefaults {
+                replication_factor: self.kafka_replication_factor,
+                ..Default::default()
+            },
             ..KafkaOptions::new(
                 bootstrap,
                 self.partitions,
