@@ -17,7 +17,7 @@ pub mod position;
 pub mod process;
 pub mod process_harness;
 pub mod projection;
-pub mod rejections;
+mod rejections;
 pub mod testing;
 pub mod time;
 

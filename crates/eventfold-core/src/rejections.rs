@@ -1,4 +1,4 @@
-//! [`rejections!`](crate::rejections): an aggregate's rejection enum with its messages and
+//! [`rejections!`](crate::rejections!): an aggregate's rejection enum with its messages and
 //! stable codes in one declaration, instead of a hand-written `Display` and
 //! [`Reject::code`](crate::Reject::code).
 
