@@ -15,6 +15,15 @@ use std::time::{Duration, Instant};
 
 const PARTITIONS: u32 = 4;
 
+/// A timestamp for records on topics with time retention (`.throughput`, `.results`): a
+/// broker deletes a transaction of 1970 records within minutes, before tests read it.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 use eventfold_log::testing::require_kafka_broker as require_broker;
 
 fn options(bootstrap: &str, partitions: u32, prefix: &str) -> KafkaOptions {
@@ -94,7 +103,7 @@ async fn throughput(log: &dyn Log, prefix: &str) {
                 key: format!("w{w}").into_bytes(),
                 value: format!("{w}:{i}").into_bytes(),
                 headers: vec![],
-                timestamp_ms: 1,
+                timestamp_ms: now_ms(),
             };
             pending.push_back(log.commit(CommitUnit {
                 appends: vec![Append {
@@ -292,7 +301,7 @@ fn one(topic: &Arc<str>, partition: u32, value: Vec<u8>) -> CommitUnit {
                 key: b"k".to_vec(),
                 value,
                 headers: vec![],
-                timestamp_ms: 1,
+                timestamp_ms: now_ms(),
             },
             entity: None,
         }],
