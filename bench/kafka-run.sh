@@ -29,7 +29,7 @@
 # 60 s later (file.delete.delay.ms), which lands in the next run if it starts at once.
 #
 # Needs a running broker (scripts/kafka/broker.sh start) and release binaries:
-#   cargo build --release --locked -p shop -p eventfold --bins
+#   cargo build --release --locked -p shop -p eventfold-tools --bins
 # SHOP, EF: the binaries (default $CARGO_TARGET_DIR/release/{shop,eventfold}, else
 # target/release); BOOT: bootstrap servers (default 127.0.0.1:9092); BROKER_DIR: the
 # broker script's state directory, for its pid (default /tmp/eventfold-kafka, as
@@ -48,7 +48,7 @@ BROKER_DIR=${BROKER_DIR:-${EVENTFOLD_KAFKA_DIR:-/tmp/eventfold-kafka}}
 PARTITIONS=${PARTITIONS:-8}; PREFILL=${PREFILL:-0}; WARMUP=${WARMUP:-10}; DURATION=${DURATION:-20}
 RATE=${RATE:-5000}; CLIENTS=${CLIENTS:-64}
 for b in "$SHOP" "$EF"; do
-  [ -x "$b" ] || { echo "kafka-run: $b is missing: cargo build --release --locked -p shop -p eventfold --bins" >&2; exit 1; }
+  [ -x "$b" ] || { echo "kafka-run: $b is missing: cargo build --release --locked -p shop -p eventfold-tools --bins" >&2; exit 1; }
 done
 bpid=$(cat "$BROKER_DIR/broker.pid" 2>/dev/null) && kill -0 "$bpid" 2>/dev/null \
   || { echo "kafka-run: no broker running under $BROKER_DIR (scripts/kafka/broker.sh start)" >&2; exit 1; }

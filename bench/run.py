@@ -233,7 +233,7 @@ class Suite:
     # ---------------------------------------------------------------- builds
 
     def build(self, scenarios):
-        cargo = ["cargo", "build", "--locked", "-p", "shop", "-p", "eventfold", "--bins"]
+        cargo = ["cargo", "build", "--locked", "-p", "shop", "-p", "eventfold-tools", "--bins"]
         if self.profile == "release":
             cargo.append("--release")
         run(cargo, cwd=ROOT)

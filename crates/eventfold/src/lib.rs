@@ -1,17 +1,13 @@
 //! eventfold: event-sourced services on Apache Kafka or an embedded log.
 //!
 //! This facade re-exports the crates a service needs; [`App`] is a service binary's entry
-//! point (standard flags, embedded or Kafka wiring, HTTP, shutdown, `views rebuild`); the
-//! `eventfold` binary is the ops CLI (load generator, ...).
+//! point (standard flags, embedded or Kafka wiring, HTTP, shutdown, `views rebuild`). The
+//! ops and load tools (the `eventfold` CLI) are the `eventfold-tools` crate, which a
+//! service does not link.
 
 #![warn(missing_docs)]
 
 pub mod app;
-#[cfg(feature = "kafka")]
-pub mod drop_app;
-pub mod load;
-#[cfg(feature = "kafka")]
-pub mod load_topic;
 pub mod process;
 pub mod rebuild;
 

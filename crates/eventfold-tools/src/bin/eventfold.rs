@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::builder::StyledStr;
 use clap::builder::styling::Style;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use eventfold::drop_app::{self, DropOptions, DropSummary};
-use eventfold::load::flows::{self, FlowOptions, FlowSummary};
-use eventfold::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
-use eventfold::load_topic::flows::FlowTopicSummary;
-use eventfold::load_topic::{self, TopicLoadOptions, TopicSummary};
+use eventfold_tools::drop_app::{self, DropOptions, DropSummary};
+use eventfold_tools::load::flows::{self, FlowOptions, FlowSummary};
+use eventfold_tools::load::{self, Ids, Limit, LoadOptions, Preset, Summary};
+use eventfold_tools::load_topic::flows::FlowTopicSummary;
+use eventfold_tools::load_topic::{self, TopicLoadOptions, TopicSummary};
 
 /// mimalloc, as the shop: the load generators share a benchmark machine's cores with the
 /// service they measure, and glibc's allocator cost the HTTP generator about 10% more CPU

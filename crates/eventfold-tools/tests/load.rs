@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use eventfold::load::{self, Ids, Limit, LoadOptions, Summary};
+use eventfold_tools::load::{self, Ids, Limit, LoadOptions, Summary};
 use serde_json::{Value, json};
 
 /// How the test server answers.

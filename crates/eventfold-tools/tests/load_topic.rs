@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use eventfold::load::Limit;
-use eventfold::load_topic::{self, TopicLoadOptions};
+use eventfold_tools::load::Limit;
+use eventfold_tools::load_topic::{self, TopicLoadOptions};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use eventfold::load::Limit;
-use eventfold::load::flows::{self, FlowOptions, FlowSummary};
+use eventfold_tools::load::Limit;
+use eventfold_tools::load::flows::{self, FlowOptions, FlowSummary};
 use serde_json::Value;
 
 /// The `shop` binary beside this test's `eventfold`, built once per test process.
@@ -135,7 +135,7 @@ fn options(url: &str, count: u64) -> FlowOptions {
     }
 }
 
-fn assert_monotonic(name: &str, l: &eventfold::load::Latency) {
+fn assert_monotonic(name: &str, l: &eventfold_tools::load::Latency) {
     assert!(l.p50 > 0.0, "{name}: {l:?}");
     assert!(
         l.p50 <= l.p90 && l.p90 <= l.p99 && l.p99 <= l.p99_9 && l.p99_9 <= l.max,
