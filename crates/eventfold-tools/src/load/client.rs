@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderValue, IF_NONE_MATCH};
+use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderMap, HeaderName, HeaderValue, IF_NONE_MATCH, RETRY_AFTER};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -109,7 +109,7 @@ impl Connection {
                 self.sender.insert(opened?)
             }
         };
-        sender.ready().await.map_err(|e| super::error_chain(&e))?;
+        sender.ready().await.map_err(|e| error_chain(&e))?;
         let mut builder = Request::builder().uri(call.path).header(HOST, target.host.clone());
         if let Some(etag) = call.if_none_match {
             builder = builder.header(IF_NONE_MATCH, etag);
@@ -117,7 +117,7 @@ impl Connection {
         let request = match call.command {
             Some((key, body)) => builder
                 .method(Method::POST)
-                .header(super::IDEMPOTENCY_KEY, key)
+                .header(IDEMPOTENCY_KEY, key)
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
                 .body(Either::Left(Full::new(body))),
             None => builder.method(Method::GET).body(Either::Right(Empty::new())),
@@ -126,9 +126,9 @@ impl Connection {
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| format!("error sending request: {}", super::error_chain(&e)))?;
+            .map_err(|e| format!("error sending request: {}", error_chain(&e)))?;
         let status = response.status().as_u16();
-        let retry_after = super::parse_retry_after(response.headers());
+        let retry_after = parse_retry_after(response.headers());
         let close = response
             .headers()
             .get(CONNECTION)
@@ -138,7 +138,7 @@ impl Connection {
             .into_body()
             .collect()
             .await
-            .map_err(|e| format!("error reading the response body: {}", super::error_chain(&e)))?
+            .map_err(|e| format!("error reading the response body: {}", error_chain(&e)))?
             .to_bytes();
         if close {
             self.sender = None;
@@ -160,10 +160,33 @@ async fn connect(target: &Target) -> Result<SendRequest<Body>, String> {
         .map_err(|e| format!("error setting TCP_NODELAY: {e}"))?;
     let (sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| format!("error starting HTTP/1.1 on {}: {}", target.addr, super::error_chain(&e)))?;
+        .map_err(|e| format!("error starting HTTP/1.1 on {}: {}", target.addr, error_chain(&e)))?;
     // Drives the connection until it closes; its error reaches the sender's next call.
     tokio::spawn(async move {
         let _ = connection.await;
     });
     Ok(sender)
+}
+
+/// An error with its sources, e.g. `error sending request: connection refused`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// `Retry-After` in seconds (HTTP dates are not supported and fall back to backoff).
+fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let seconds: f64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Duration::try_from_secs_f64(seconds).ok()
 }

@@ -26,7 +26,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::Url;
-use reqwest::header::{HeaderMap, HeaderName, RETRY_AFTER};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -46,8 +45,6 @@ pub(crate) const LATENCY_US_MAX: u64 = 3_600_000_000;
 const BACKOFF_BASE: Duration = Duration::from_millis(25);
 /// How often the progress bar is refreshed.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
-
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// What to send, where, and for how long. [`Default`] is the `shop-orders` preset against
 /// `http://127.0.0.1:8080` for 10 s from 64 workers.
@@ -1020,27 +1017,6 @@ impl Template {
 fn backoff(retry: u32, rng: &mut StdRng) -> Duration {
     let step = BACKOFF_BASE.saturating_mul(1 << retry.min(16));
     step.mul_f64(rng.random_range(0.5..=1.0))
-}
-
-/// `Retry-After` in seconds (HTTP dates are not supported and fall back to backoff).
-fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds: f64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
-    Duration::try_from_secs_f64(seconds).ok()
-}
-
-/// An error with its sources, e.g. `error sending request: connection refused`.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
