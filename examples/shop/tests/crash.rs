@@ -387,13 +387,26 @@ async fn get(http: &reqwest::Client, url: &str) -> (u16, Value) {
     (status, body)
 }
 
+/// `get` for the checks: a 503 (a partition moving between instances, or restoring:
+/// transient by the HTTP contract, with `Retry-After`) is retried for up to a minute.
+async fn get_settled(http: &reqwest::Client, url: &str) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = get(http, url).await;
+        if status != 503 || Instant::now() > deadline {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// All events of an order, page by page.
 async fn all_events(http: &reqwest::Client, base: &str, order: &str) -> Vec<Value> {
     let mut events: Vec<Value> = Vec::new();
     let mut from = 1;
     loop {
         let url = format!("{base}/v1/aggregates/order/{order}/events?from_version={from}");
-        let (status, body) = get(http, &url).await;
+        let (status, body) = get_settled(http, &url).await;
         assert_eq!(status, 200, "GET {url} -> {status} {body}");
         let page = body
             .as_array()
@@ -435,7 +448,7 @@ async fn check_orders_view(
             continue;
         }
         let id = order_id(*n);
-        let (status, body) = get(http, &format!("{}/v1/aggregates/order/{id}", bases[0])).await;
+        let (status, body) = get_settled(http, &format!("{}/v1/aggregates/order/{id}", bases[0])).await;
         assert_eq!(status, 200, "{id}: {body}");
         expected.insert(
             id,
@@ -450,7 +463,7 @@ async fn check_orders_view(
             let mut cursor = String::new();
             loop {
                 let url = format!("{base}/v1/views/orders?order_by=total_cents&limit=97{cursor}");
-                let (status, body) = get(http, &url).await;
+                let (status, body) = get_settled(http, &url).await;
                 assert_eq!(status, 200, "GET {url}: {body}");
                 for row in body["rows"].as_array().unwrap() {
                     let key = row["key"].as_str().unwrap().to_owned();
@@ -481,7 +494,7 @@ async fn check_orders_view(
         // Key lookups, forwarded to the owner of the row's partition where needed.
         for (id, (status, total)) in expected.iter().step_by(7) {
             let url = format!("{base}/v1/views/orders/{id}");
-            let (code, body) = get(http, &url).await;
+            let (code, body) = get_settled(http, &url).await;
             if code != 200 || body["value"]["status"] != *status || body["value"]["total_cents"] != *total {
                 failures.push(format!(
                     "GET {url} -> {code} {body}; the order's state has {status} {total}"
@@ -531,7 +544,7 @@ async fn check_order(
         }
     }
     let url = format!("{base}/v1/aggregates/order/{order}");
-    let (status, body) = get(http, &url).await;
+    let (status, body) = get_settled(http, &url).await;
     match status {
         404 if events.is_empty() => false,
         200 => {
