@@ -44,7 +44,8 @@ use eventfold_log::Log;
 // a batch's pending rows, the index entries it moves); `overlay` is the in-memory view
 // both bulk paths build; `service` is the `ViewService` handle (progress, readiness,
 // reports), `query` its read side; `storage` names what a view is stored under; `options`
-// holds `ViewOptions`. This module only declares and re-exports, so the modules under it
+// holds `ViewOptions`; `versions` runs the versions of a view side by side and switches
+// between them. This module only declares and re-exports, so the modules under it
 // import each other in one direction.
 mod events;
 mod fold;
@@ -55,11 +56,12 @@ mod overlay;
 mod query;
 mod service;
 mod storage;
+mod versions;
 
 pub(crate) use live::start;
 pub use offline::{RebuildStats, rebuild};
 pub use options::ViewOptions;
 pub use query::{Condition, Query, QueryPage, QueryRow};
 pub use service::{ViewPartitionReport, ViewReport, ViewService, ViewState};
-pub(crate) use storage::CLEAR_BATCH;
 pub use storage::{rebuild_marker_key, serving_version_key, storage_name};
+pub(crate) use versions::{ViewSlot, ViewStarter, connect_lookups, start_slots};

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 /// Keys per ingestion when a view's data is cleared ([`eventfold_store::Store::clear_view`]):
 /// about 60 MiB of keys held at a time.
-pub(crate) const CLEAR_BATCH: usize = 1 << 20;
+pub(super) const CLEAR_BATCH: usize = 1 << 20;
 
 /// The name a view's rows, index entries and checkpoints are stored under: the view name
 /// for version 1 (what views were stored under before versions existed), `<view>@v<n>`
