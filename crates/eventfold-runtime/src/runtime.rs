@@ -1,12 +1,13 @@
 //! The runtime: registered aggregate types, their processors, readiness and metrics.
 
 use crate::clock::{Clock, SystemClock};
+use crate::command::{PartitionState, Topics};
 use crate::error::{Error, Result};
 use crate::metrics::AggregateMetrics;
 pub use crate::options::RuntimeOptions;
 use crate::processor::{PartitionShared, Processor, ProcessorConfig};
 use crate::remote::Requester;
-use crate::service::{AggregateService, PartitionReport, PartitionState, Topics, TypedService};
+use crate::service::{AggregateService, PartitionReport, TypedService};
 use crate::source::{GroupMember, TypedMember};
 use crate::view::{ViewOptions, ViewReport, ViewService, ViewSlot, ViewStarter};
 use eventfold_core::{Aggregate, Projection};

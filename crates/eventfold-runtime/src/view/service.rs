@@ -3,8 +3,9 @@
 
 use super::options::ViewOptions;
 use super::storage::storage_name;
+use crate::command::Topics;
 use crate::lookup::Tables;
-use crate::service::{AggregateService, Topics};
+use crate::service::AggregateService;
 use eventfold_core::partition::partition_for;
 use eventfold_core::projection::Join;
 use eventfold_core::{Aggregate, Index, Position, Projection, Scope};
