@@ -16,6 +16,7 @@
 mod changelog;
 pub mod clock;
 pub mod cluster;
+mod command;
 pub mod error;
 pub mod lookup;
 pub mod metrics;
@@ -31,11 +32,12 @@ pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{InstanceInfo, Registry};
+pub use command::{CommandRequest, PartitionState, Topics};
 pub use error::{Error, Result};
 pub use options::RuntimeOptions;
 pub use process::{ProcessOptions, ProcessReport, ProcessService, ProcessState, ProcessStateView, TimerView};
 pub use runtime::{Runtime, RuntimeBuilder};
-pub use service::{AggregateService, CommandRequest, PartitionReport, PartitionState, StateView, Topics};
+pub use service::{AggregateService, PartitionReport, StateView};
 pub use view::{
     Condition, Query, QueryPage, QueryRow, RebuildStats, ViewOptions, ViewPartitionReport, ViewReport, ViewService,
     ViewState,

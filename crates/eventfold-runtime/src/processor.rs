@@ -4,9 +4,9 @@
 
 use crate::changelog::{self, EVENTS_BY_REFERENCE};
 use crate::clock::Clock;
+use crate::command::{Job, PartitionState, Topics, VERSION_MISMATCH};
 use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
-use crate::service::{PartitionState, Topics};
 use crate::snapshot;
 use eventfold_core::envelope::{Accepted, headers};
 use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
@@ -18,36 +18,6 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
-
-/// A decoded command waiting for its partition.
-pub(crate) struct Job<A: Aggregate> {
-    pub aggregate_id: String,
-    pub command_id: String,
-    pub correlation_id: String,
-    /// What caused the command (its events' `ef-causation-id`); `None`: the command id.
-    pub causation_id: Option<String>,
-    /// The decoded command, or why a record of the commands topic did not decode.
-    pub command: std::result::Result<A::Command, eventfold_core::Error>,
-    pub expected_version: Option<u64>,
-    /// For a record of the commands topic: the offset to consume next once it commits.
-    pub consumed: Option<u64>,
-    /// Whether the caller chose the command id (an Idempotency-Key): only then can it
-    /// come again, so only then is it deduplicated.
-    pub keyed: bool,
-    /// For a record of the commands topic: the partition's epoch in the consumer group
-    /// when it was fetched ([`eventfold_log::GroupEvent`]); records of an older epoch than
-    /// the partition's assignment or last recovery are dropped (they are read again).
-    pub epoch: u64,
-    /// For a record of the commands topic: the results partition its sender listens to
-    /// (`ef-reply-partition`); the outcome goes there instead of the command's partition.
-    pub reply_partition: Option<u32>,
-    pub reply: oneshot::Sender<Result<Outcome>>,
-}
-
-/// The error code of the outcome a commands-topic record gets on the results topic when
-/// its `ef-expected-version` does not match (the record's `ef-version` header holds the
-/// aggregate's version).
-pub(crate) const VERSION_MISMATCH: &str = "version_mismatch";
 
 /// Bytes of store writes a bulk restore gathers before it writes them.
 const INGEST_BYTES: usize = 64 << 20;
@@ -859,7 +829,7 @@ impl<A: Aggregate> Processor<A> {
             if e.version != expected || e.record.header(headers::COMMAND_ID) != Some(command_id.as_bytes()) {
                 break;
             }
-            events.push(crate::service::event_view(topic, e).map_err(|e| e.to_string())?);
+            events.push(crate::command::event_view(topic, e).map_err(|e| e.to_string())?);
         }
         if events.len() as u64 != count {
             return Err(corrupt(format!(

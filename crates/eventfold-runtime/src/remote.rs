@@ -6,9 +6,8 @@
 //! the same Idempotency-Key returns the original outcome (the owner deduplicates).
 
 use crate::clock::Clock;
+use crate::command::{CommandRequest, Topics, VERSION_MISMATCH};
 use crate::error::{Error, Result};
-use crate::processor::VERSION_MISMATCH;
-use crate::service::{CommandRequest, Topics};
 use eventfold_core::envelope::headers;
 use eventfold_core::{Outcome, Position, Record, partition::partition_for};
 use eventfold_log::{Append, Log};

@@ -1,37 +1,18 @@
 //! The type-erased face of one aggregate type: submit commands, read state and events.
 
+use crate::command::{CommandRequest, Job, PartitionState, Topics, event_view};
 use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::options::RuntimeOptions;
-use crate::processor::{Job, PartitionShared};
+use crate::processor::PartitionShared;
 use crate::snapshot;
 use async_trait::async_trait;
-use eventfold_core::envelope::headers;
-use eventfold_core::{Aggregate, EventView, Outcome, codec, partition::partition_for, time::rfc3339_ms};
+use eventfold_core::{Aggregate, EventView, Outcome, codec, partition::partition_for};
 use eventfold_log::Log;
-use eventfold_store::EntityEvent;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot};
-
-/// A command as it arrives (from HTTP or elsewhere), not yet decoded.
-#[derive(Debug, Clone, Default)]
-pub struct CommandRequest {
-    /// Target aggregate id.
-    pub aggregate_id: String,
-    /// The command JSON.
-    pub body: Vec<u8>,
-    /// `Idempotency-Key`: becomes the command id. Absent: a fresh UUID v7.
-    pub idempotency_key: Option<String>,
-    /// `If-Match`: the version the aggregate must be at.
-    pub expected_version: Option<u64>,
-    /// Correlation id to carry on the events.
-    pub correlation_id: Option<String>,
-    /// What caused the command (`ef-causation-id` on its events; absent: the command id).
-    /// A process manager sets the id of the event it reacted to.
-    pub causation_id: Option<String>,
-}
 
 /// The state of one aggregate: `{id, version, state}`.
 #[derive(Debug, Serialize)]
@@ -42,20 +23,6 @@ pub struct StateView {
     pub version: u64,
     /// The state document.
     pub state: Box<RawValue>,
-}
-
-/// Lifecycle of a partition processor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PartitionState {
-    /// Restoring: not taking commands yet.
-    Restoring,
-    /// Taking commands.
-    Ready,
-    /// Stopped after a fatal error.
-    Failed,
-    /// Owned by another instance (Kafka mode).
-    Remote,
 }
 
 /// What `/readyz` and `/v1/cluster` show of a partition.
@@ -82,32 +49,6 @@ pub struct PartitionReport {
     /// `RuntimeOptions::cache_limit`); in `/metrics` only.
     #[serde(skip)]
     pub cached_aggregates: u64,
-}
-
-/// Topic names of one aggregate type.
-#[derive(Debug, Clone)]
-pub struct Topics {
-    /// `<app>.<type>.commands`
-    pub commands: Arc<str>,
-    /// `<app>.<type>.events`
-    pub events: Arc<str>,
-    /// `<app>.<type>.state`
-    pub state: Arc<str>,
-    /// `<app>.<type>.results`
-    pub results: Arc<str>,
-}
-
-impl Topics {
-    /// The topics of `aggregate` in app `app`.
-    pub fn new(app: &str, aggregate: &str) -> Self {
-        let t = |s: &str| Arc::from(format!("{app}.{aggregate}.{s}"));
-        Self {
-            commands: t("commands"),
-            events: t("events"),
-            state: t("state"),
-            results: t("results"),
-        }
-    }
 }
 
 /// One aggregate type as the HTTP layer sees it.
@@ -157,36 +98,6 @@ fn check_key(key: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Converts a stored event record to the API shape; a record that does not decode is
-/// reported as corrupt, naming where it is.
-pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
-    let corrupt = |reason: &str| {
-        Error::Store(eventfold_store::Error::Corrupt {
-            table: "log",
-            key: format!("{topic}/{}@{}", e.partition, e.offset),
-            reason: reason.to_owned(),
-        })
-    };
-    let r = &e.record;
-    let payload = std::str::from_utf8(&r.value)
-        .ok()
-        .and_then(|s| RawValue::from_string(s.to_owned()).ok())
-        .ok_or_else(|| corrupt("event value is not JSON"))?;
-    Ok(EventView {
-        version: e.version,
-        event_type: r
-            .header_str(headers::TYPE)
-            .ok_or_else(|| corrupt("missing ef-type header"))?
-            .to_owned(),
-        id: r.header_str(headers::ID).unwrap_or_default().to_owned(),
-        command_id: r.header_str(headers::COMMAND_ID).unwrap_or_default().to_owned(),
-        correlation_id: r.header_str(headers::CORRELATION_ID).unwrap_or_default().to_owned(),
-        causation_id: r.header_str(headers::CAUSATION_ID).unwrap_or_default().to_owned(),
-        timestamp: rfc3339_ms(r.timestamp_ms),
-        payload,
-    })
 }
 
 impl<A: Aggregate> TypedService<A> {

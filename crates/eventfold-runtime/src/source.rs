@@ -15,7 +15,8 @@
 //! thread, itself waiting to hand over records) stalled the member until its session was
 //! lost. A lane's backlog pauses that partition's fetching instead.
 
-use crate::processor::{Control, Job, PartitionShared};
+use crate::command::Job;
+use crate::processor::{Control, PartitionShared};
 use async_trait::async_trait;
 use eventfold_core::envelope::headers;
 use eventfold_core::partition::partition_for;

@@ -9,8 +9,8 @@
 
 use super::decide::Command;
 use super::targets::Target;
+use crate::command::CommandRequest;
 use crate::error::Error;
-use crate::service::CommandRequest;
 use eventfold_core::Outcome;
 use eventfold_core::process::Refusal;
 use std::time::Duration;

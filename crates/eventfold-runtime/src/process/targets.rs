@@ -5,9 +5,10 @@
 //! deduplicates by command id, so a command handed over again gets its original outcome.
 
 use crate::clock::Clock;
+use crate::command::{CommandRequest, Topics};
 use crate::error::Result;
 use crate::remote::Requester;
-use crate::service::{AggregateService, CommandRequest, Topics};
+use crate::service::AggregateService;
 use eventfold_core::Outcome;
 use eventfold_core::partition::partition_for;
 use eventfold_log::Log;

@@ -15,7 +15,7 @@ use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
 use super::targets::Targets;
 use crate::clock::Clock;
-use crate::service::Topics;
+use crate::command::Topics;
 use eventfold_core::envelope::headers;
 use eventfold_core::process::Subscription;
 use eventfold_core::{ProcessManager, RecordRef};
