@@ -46,6 +46,35 @@ async fn ingest_restored(
     }
 }
 
+/// Adds the store writes of changelog `records` of `topic`/`partition` to `data`: an
+/// events record is kept (per-entity reads) and marked in `marks`; a state record only
+/// changes the local tables (the copy's end is recorded by the caller).
+fn apply_changelog<A: Aggregate>(
+    data: &mut Batch,
+    marks: &mut Batch,
+    topic: &str,
+    partition: u32,
+    events: bool,
+    records: &[(u64, eventfold_core::Record)],
+) -> Result<()> {
+    for (offset, r) in records {
+        let applied = if events {
+            marks.put_log(topic, partition, *offset, r);
+            changelog::apply_event_record(data, topic, partition, *offset, r)
+        } else {
+            changelog::apply_state_record(data, A::TYPE, partition, r)
+        };
+        applied.map_err(|reason| {
+            Error::Store(eventfold_store::Error::Corrupt {
+                table: "log",
+                key: format!("{topic}/{partition}@{offset}"),
+                reason,
+            })
+        })?;
+    }
+    Ok(())
+}
+
 /// The pause before retry `attempt` of a restore (grows to 5 s).
 fn retry_pause(attempt: u32) -> Duration {
     Duration::from_millis(500).saturating_mul(attempt.min(10))
@@ -182,6 +211,7 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub state_every: u64,
 }
 
+/// What answers a command of a batch, and the callers waiting for it.
 struct Slot {
     pending: Pending,
     replies: Vec<Reply>,
@@ -400,32 +430,8 @@ impl<A: Aggregate> Processor<A> {
                 n = rx.recv_many(&mut jobs, self.cfg.max_batch), if can_take => {
                     if n == 0 {
                         open = false;
-                        continue;
-                    }
-                    if !self.owned {
-                        // Queued before a revocation, or sent while the service still took
-                        // the partition for ours: the caller sends it to the owner.
-                        for job in jobs.drain(..) {
-                            if job.consumed.is_none() {
-                                let _ = job.reply.send(Err(Error::NotOwner {
-                                    aggregate: A::TYPE.into(),
-                                    partition: self.cfg.partition,
-                                }));
-                            }
-                        }
-                        continue;
-                    }
-                    if self.shared.state() == PartitionState::Failed {
-                        let err = self.failed_error();
-                        self.metrics.count(CommandOutcome::Error, jobs.len() as u64);
-                        for job in jobs.drain(..) {
-                            let _ = job.reply.send(Err(clone_err(&err)));
-                        }
-                        continue;
-                    }
-                    let batch = std::mem::replace(&mut jobs, Vec::with_capacity(self.cfg.max_batch));
-                    if let Err(fatal) = self.build(batch) {
-                        self.fail(fatal);
+                    } else {
+                        self.take(&mut jobs);
                     }
                 }
                 _ = sweep.tick(), if open => {
@@ -434,6 +440,36 @@ impl<A: Aggregate> Processor<A> {
                     }
                 }
             }
+        }
+    }
+
+    /// Processes the jobs received: refused if the partition is not this instance's or
+    /// failed, else decided and committed as a batch.
+    fn take(&mut self, jobs: &mut Vec<Job<A>>) {
+        if !self.owned {
+            // Queued before a revocation, or sent while the service still took the
+            // partition for ours: the caller sends it to the owner.
+            for job in jobs.drain(..) {
+                if job.consumed.is_none() {
+                    let _ = job.reply.send(Err(Error::NotOwner {
+                        aggregate: A::TYPE.into(),
+                        partition: self.cfg.partition,
+                    }));
+                }
+            }
+            return;
+        }
+        if self.shared.state() == PartitionState::Failed {
+            let err = self.failed_error();
+            self.metrics.count(CommandOutcome::Error, jobs.len() as u64);
+            for job in jobs.drain(..) {
+                let _ = job.reply.send(Err(clone_err(&err)));
+            }
+            return;
+        }
+        let batch = std::mem::replace(jobs, Vec::with_capacity(self.cfg.max_batch));
+        if let Err(fatal) = self.build(batch) {
+            self.fail(fatal);
         }
     }
 
@@ -719,23 +755,7 @@ impl<A: Aggregate> Processor<A> {
                 let Some(last) = records.last().map(|(o, _)| *o) else {
                     break;
                 };
-                for (offset, r) in &records {
-                    // Events are kept (per-entity reads); state records only change the
-                    // local tables, and the copy's end is recorded below.
-                    let applied = if events {
-                        marks.put_log(&topic, p, *offset, r);
-                        changelog::apply_event_record(&mut data, &topic, p, *offset, r)
-                    } else {
-                        changelog::apply_state_record(&mut data, A::TYPE, p, r)
-                    };
-                    applied.map_err(|reason| {
-                        Error::Store(eventfold_store::Error::Corrupt {
-                            table: "log",
-                            key: format!("{topic}/{p}@{offset}"),
-                            reason,
-                        })
-                    })?;
-                }
+                apply_changelog::<A>(&mut data, &mut marks, &topic, p, events, &records)?;
                 done += last + 1 - from;
                 replayed += records.len();
                 from = last + 1;
@@ -1067,6 +1087,47 @@ impl<A: Aggregate> Processor<A> {
         self.shared.cached.store(self.cache.len() as u64, Ordering::Relaxed);
     }
 
+    /// Answers a batch whose commit failed: in Kafka mode the partition recovers from the
+    /// committed state; embedded, it stops.
+    fn commit_failed(&mut self, slots: Vec<Slot>, e: &str) {
+        let p = self.cfg.partition;
+        self.clear_cache();
+        let reason = format!("commit failed: {e}");
+        let err = if self.changelog {
+            // Kafka holds the committed state: restore from it and go on (below,
+            // once the units built on this one have failed too).
+            if self.recovering.is_none() {
+                tracing::warn!(aggregate = A::TYPE, partition = p, %reason, "partition recovers from a failed commit");
+                self.set_state(PartitionState::Restoring);
+                self.shared.set_progress(0.0);
+                self.recovering = Some(reason);
+            }
+            Error::Restoring {
+                aggregate: A::TYPE.into(),
+                partition: p,
+                progress_pct: 0.0,
+                retry_after: Duration::from_secs(1),
+            }
+        } else {
+            self.fail(reason.clone());
+            Error::PartitionFailed {
+                aggregate: A::TYPE.into(),
+                partition: p,
+                reason,
+            }
+        };
+        for slot in slots {
+            let outcome = match slot.pending {
+                Pending::Ready(_, o) => o,
+                Pending::Written { .. } => CommandOutcome::Error,
+            };
+            self.metrics.count(outcome, slot.replies.len() as u64);
+            for r in slot.replies {
+                let _ = r.send(Err(clone_err(&err)));
+            }
+        }
+    }
+
     /// Answers a batch once its commit finished.
     fn finish(&mut self, done: InFlight, result: CommitResult) {
         let p = self.cfg.partition;
@@ -1078,44 +1139,7 @@ impl<A: Aggregate> Processor<A> {
         }
         let receipt = match result {
             Ok(r) => r,
-            Err(e) => {
-                self.clear_cache();
-                let reason = format!("commit failed: {e}");
-                let err = if self.changelog {
-                    // Kafka holds the committed state: restore from it and go on (below,
-                    // once the units built on this one have failed too).
-                    if self.recovering.is_none() {
-                        tracing::warn!(aggregate = A::TYPE, partition = p, %reason, "partition recovers from a failed commit");
-                        self.set_state(PartitionState::Restoring);
-                        self.shared.set_progress(0.0);
-                        self.recovering = Some(reason);
-                    }
-                    Error::Restoring {
-                        aggregate: A::TYPE.into(),
-                        partition: p,
-                        progress_pct: 0.0,
-                        retry_after: Duration::from_secs(1),
-                    }
-                } else {
-                    self.fail(reason.clone());
-                    Error::PartitionFailed {
-                        aggregate: A::TYPE.into(),
-                        partition: p,
-                        reason,
-                    }
-                };
-                for slot in done.slots {
-                    let outcome = match slot.pending {
-                        Pending::Ready(_, o) => o,
-                        Pending::Written { .. } => CommandOutcome::Error,
-                    };
-                    self.metrics.count(outcome, slot.replies.len() as u64);
-                    for r in slot.replies {
-                        let _ = r.send(Err(clone_err(&err)));
-                    }
-                }
-                return;
-            }
+            Err(e) => return self.commit_failed(done.slots, &e),
         };
         if let Some(r) = &receipt {
             self.metrics
