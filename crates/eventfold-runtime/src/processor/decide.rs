@@ -889,8 +889,10 @@ mod tests {
 
     #[test]
     fn a_read_error_stops_the_batch_at_the_command_that_needs_it() {
-        let mut w = World::default();
-        w.broken = Some("b".into());
+        let w = World {
+            broken: Some("b".into()),
+            ..World::default()
+        };
         let commands = vec![add("a", "c1", 1), add("b", "c2", 1), add("c", "c3", 1)];
         let plan = run(&w, &env(&w, &TOPICS, false, 0), commands);
         assert_eq!(
