@@ -2,15 +2,18 @@
 //! commit unit per batch. One task per (aggregate type, partition); it is the only writer
 //! of that partition's events, state and dedup records.
 
+mod decide;
+
 use crate::changelog::{self, EVENTS_BY_REFERENCE};
 use crate::clock::Clock;
-use crate::command::{Job, PartitionState, Topics, VERSION_MISMATCH};
+use crate::command::{Job, PartitionState, Topics};
 use crate::error::{Error, Result};
 use crate::metrics::{AggregateMetrics, CommandOutcome};
 use crate::snapshot;
+use decide::{Cached, Decision, Pending, Plan};
 use eventfold_core::envelope::{Accepted, headers};
-use eventfold_core::{Aggregate, Context, EventView, Outcome, Position, Record, Reject, codec, time::rfc3339_ms};
-use eventfold_log::{Append, CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
+use eventfold_core::{Aggregate, Outcome, Position};
+use eventfold_log::{CommitFuture, CommitUnit, Consumed, Log, MemberControl, Receipt};
 use eventfold_store::Batch;
 use foldhash::HashMap;
 use std::collections::{HashSet, VecDeque};
@@ -41,6 +44,35 @@ async fn ingest_restored(
         Ok(r) => Ok(r?),
         Err(e) => Err(Error::Unavailable(format!("the restore's write task failed: {e}"))),
     }
+}
+
+/// Adds the store writes of changelog `records` of `topic`/`partition` to `data`: an
+/// events record is kept (per-entity reads) and marked in `marks`; a state record only
+/// changes the local tables (the copy's end is recorded by the caller).
+fn apply_changelog<A: Aggregate>(
+    data: &mut Batch,
+    marks: &mut Batch,
+    topic: &str,
+    partition: u32,
+    events: bool,
+    records: &[(u64, eventfold_core::Record)],
+) -> Result<()> {
+    for (offset, r) in records {
+        let applied = if events {
+            marks.put_log(topic, partition, *offset, r);
+            changelog::apply_event_record(data, topic, partition, *offset, r)
+        } else {
+            changelog::apply_state_record(data, A::TYPE, partition, r)
+        };
+        applied.map_err(|reason| {
+            Error::Store(eventfold_store::Error::Corrupt {
+                table: "log",
+                key: format!("{topic}/{partition}@{offset}"),
+                reason,
+            })
+        })?;
+    }
+    Ok(())
 }
 
 /// The pause before retry `attempt` of a restore (grows to 5 s).
@@ -179,28 +211,42 @@ pub(crate) struct ProcessorConfig<A: Aggregate> {
     pub state_every: u64,
 }
 
-struct Cached<A> {
-    version: u64,
-    state: A,
-    /// The version when this batch loaded it: unchanged aggregates are not written (a
-    /// rejected command on a new aggregate leaves nothing behind).
-    loaded_version: u64,
-}
-
-/// What a command in the batch will be answered with.
-enum Pending {
-    /// Known without this batch's commit (dedup hit, conflict, ...).
-    Ready(Result<Outcome>, CommandOutcome),
-    /// Written in this batch; the position is filled in from the receipt.
-    Written {
-        outcome: Outcome,
-        appends: std::ops::Range<usize>,
-    },
-}
-
+/// What answers a command of a batch, and the callers waiting for it.
 struct Slot {
     pending: Pending,
-    replies: Vec<oneshot::Sender<Result<Outcome>>>,
+    replies: Vec<Reply>,
+}
+
+/// Where a command's caller waits for its outcome.
+type Reply = oneshot::Sender<Result<Outcome>>;
+
+/// A job's command, apart from its caller's reply channel.
+fn split<A: Aggregate>(job: Job<A>) -> (decide::Command<A::Command>, Reply) {
+    let Job {
+        aggregate_id,
+        command_id,
+        correlation_id,
+        causation_id,
+        command,
+        expected_version,
+        consumed,
+        keyed,
+        epoch,
+        reply_partition,
+        reply,
+    } = job;
+    let meta = decide::Meta {
+        aggregate_id,
+        command_id,
+        correlation_id,
+        causation_id,
+        expected_version,
+        consumed,
+        keyed,
+        epoch,
+        reply_partition,
+    };
+    (decide::Command { meta, body: command }, reply)
 }
 
 /// A batch whose commit is under way. Batches are answered strictly in order.
@@ -384,32 +430,8 @@ impl<A: Aggregate> Processor<A> {
                 n = rx.recv_many(&mut jobs, self.cfg.max_batch), if can_take => {
                     if n == 0 {
                         open = false;
-                        continue;
-                    }
-                    if !self.owned {
-                        // Queued before a revocation, or sent while the service still took
-                        // the partition for ours: the caller sends it to the owner.
-                        for job in jobs.drain(..) {
-                            if job.consumed.is_none() {
-                                let _ = job.reply.send(Err(Error::NotOwner {
-                                    aggregate: A::TYPE.into(),
-                                    partition: self.cfg.partition,
-                                }));
-                            }
-                        }
-                        continue;
-                    }
-                    if self.shared.state() == PartitionState::Failed {
-                        let err = self.failed_error();
-                        self.metrics.count(CommandOutcome::Error, jobs.len() as u64);
-                        for job in jobs.drain(..) {
-                            let _ = job.reply.send(Err(clone_err(&err)));
-                        }
-                        continue;
-                    }
-                    let batch = std::mem::replace(&mut jobs, Vec::with_capacity(self.cfg.max_batch));
-                    if let Err(fatal) = self.build(batch) {
-                        self.fail(fatal);
+                    } else {
+                        self.take(&mut jobs);
                     }
                 }
                 _ = sweep.tick(), if open => {
@@ -418,6 +440,36 @@ impl<A: Aggregate> Processor<A> {
                     }
                 }
             }
+        }
+    }
+
+    /// Processes the jobs received: refused if the partition is not this instance's or
+    /// failed, else decided and committed as a batch.
+    fn take(&mut self, jobs: &mut Vec<Job<A>>) {
+        if !self.owned {
+            // Queued before a revocation, or sent while the service still took the
+            // partition for ours: the caller sends it to the owner.
+            for job in jobs.drain(..) {
+                if job.consumed.is_none() {
+                    let _ = job.reply.send(Err(Error::NotOwner {
+                        aggregate: A::TYPE.into(),
+                        partition: self.cfg.partition,
+                    }));
+                }
+            }
+            return;
+        }
+        if self.shared.state() == PartitionState::Failed {
+            let err = self.failed_error();
+            self.metrics.count(CommandOutcome::Error, jobs.len() as u64);
+            for job in jobs.drain(..) {
+                let _ = job.reply.send(Err(clone_err(&err)));
+            }
+            return;
+        }
+        let batch = std::mem::replace(jobs, Vec::with_capacity(self.cfg.max_batch));
+        if let Err(fatal) = self.build(batch) {
+            self.fail(fatal);
         }
     }
 
@@ -703,23 +755,7 @@ impl<A: Aggregate> Processor<A> {
                 let Some(last) = records.last().map(|(o, _)| *o) else {
                     break;
                 };
-                for (offset, r) in &records {
-                    // Events are kept (per-entity reads); state records only change the
-                    // local tables, and the copy's end is recorded below.
-                    let applied = if events {
-                        marks.put_log(&topic, p, *offset, r);
-                        changelog::apply_event_record(&mut data, &topic, p, *offset, r)
-                    } else {
-                        changelog::apply_state_record(&mut data, A::TYPE, p, r)
-                    };
-                    applied.map_err(|reason| {
-                        Error::Store(eventfold_store::Error::Corrupt {
-                            table: "log",
-                            key: format!("{topic}/{p}@{offset}"),
-                            reason,
-                        })
-                    })?;
-                }
+                apply_changelog::<A>(&mut data, &mut marks, &topic, p, events, &records)?;
                 done += last + 1 - from;
                 replayed += records.len();
                 from = last + 1;
@@ -873,304 +909,145 @@ impl<A: Aggregate> Processor<A> {
         Ok(Some(outcome))
     }
 
-    /// Processes one batch and starts its commit. `Err` is fatal for the partition.
+    /// Processes one batch and starts its commit: reads what deciding it needs, decides
+    /// it ([`decide::decide`]), hands each caller to the slot that answers it, and commits
+    /// the plan. `Err` is fatal for the partition.
     fn build(&mut self, jobs: Vec<Job<A>>) -> std::result::Result<(), String> {
         let now = self.clock.now_ms();
+        let (commands, replies): (Vec<_>, Vec<_>) = jobs.into_iter().map(split).unzip();
+        let mut plan = {
+            let env = self.env(now);
+            let pre = decide::prefetch(&commands, &env, |id| self.stored_outcome(id, now), |id| self.load(id));
+            decide::decide(commands, pre, &env)
+        };
+        let mut replies = replies.into_iter();
+        let slots = self.route(&plan.decisions, std::mem::take(&mut plan.slots), &mut replies);
+        if let Some(reason) = plan.fatal.take() {
+            self.fail_batch(slots, replies, &reason);
+            return Err(reason);
+        }
+        self.commit_plan(plan, slots, now);
+        Ok(())
+    }
+
+    /// What deciding a batch at `now` depends on besides its commands and reads.
+    fn env(&self, now: i64) -> decide::Env<'_, A> {
+        decide::Env {
+            partition: self.cfg.partition,
+            topics: &self.cfg.topics,
+            config: &self.cfg.config,
+            lookups: &self.cfg.tables,
+            now,
+            changelog: self.changelog,
+            state_every: self.cfg.state_every,
+            min_epoch: self.min_epoch,
+            inflight: &self.inflight_ids,
+        }
+    }
+
+    /// Aggregate `id`'s version and state: the cache's, else the store's.
+    fn load(&self, id: &str) -> std::result::Result<(u64, A), String> {
+        if let Some(c) = self.cache.get(id) {
+            return Ok((c.version, c.state.clone()));
+        }
+        let loaded = snapshot::load::<A>(self.log.store(), &self.cfg.topics.events, id).map_err(|e| e.to_string())?;
+        Ok(loaded.unwrap_or_default())
+    }
+
+    /// Hands each decided command's reply to the slot that answers it (of this batch, or
+    /// of a batch still committing); a skipped command's is dropped. The replies of the
+    /// commands not decided (a fatal error stopped the batch) stay in `replies`.
+    fn route(
+        &mut self,
+        decisions: &[Decision],
+        pending: Vec<Pending>,
+        replies: &mut impl Iterator<Item = Reply>,
+    ) -> Vec<Slot> {
+        let mut slots: Vec<Slot> = pending
+            .into_iter()
+            .map(|pending| Slot {
+                pending,
+                replies: Vec::with_capacity(1),
+            })
+            .collect();
+        let mut duplicates = 0;
+        for (decision, reply) in decisions.iter().zip(replies.by_ref()) {
+            match *decision {
+                Decision::Skipped => {}
+                Decision::InFlight(seq, i) => {
+                    let batch = (seq - self.inflight_base) as usize;
+                    self.inflight[batch].slots[i].replies.push(reply);
+                    duplicates += 1;
+                }
+                Decision::Joined(i) => {
+                    slots[i].replies.push(reply);
+                    duplicates += 1;
+                }
+                Decision::Answered(i) => slots[i].replies.push(reply),
+            }
+        }
+        if duplicates > 0 {
+            self.metrics.count(CommandOutcome::Duplicate, duplicates);
+        }
+        slots
+    }
+
+    /// Nothing of a batch stopped by `reason` is committed: every caller of it (those of
+    /// its slots, then the rest) learns why.
+    fn fail_batch(&self, slots: Vec<Slot>, rest: impl Iterator<Item = Reply>, reason: &str) {
+        let err = Error::PartitionFailed {
+            aggregate: A::TYPE.into(),
+            partition: self.cfg.partition,
+            reason: reason.to_owned(),
+        };
+        let mut n = 0;
+        for r in slots.into_iter().flat_map(|s| s.replies).chain(rest) {
+            let _ = r.send(Err(clone_err(&err)));
+            n += 1;
+        }
+        self.metrics.count(CommandOutcome::Error, n);
+    }
+
+    /// Applies a decided batch to the processor (cache, command ids in flight, consumed
+    /// offset) and starts its commit; enqueued now, in batch order: the log commits this
+    /// partition's units in order.
+    fn commit_plan(&mut self, plan: Plan<A>, slots: Vec<Slot>, now: i64) {
         let p = self.cfg.partition;
-        let topics = self.cfg.topics.clone();
-        let mut working: HashMap<String, Cached<A>> = HashMap::default();
-        let mut slots: Vec<Slot> = Vec::with_capacity(jobs.len());
-        let mut by_command: HashMap<String, usize> = HashMap::default();
         let mut unit = CommitUnit {
+            appends: plan.appends,
+            local: plan.local,
             lane: Some(p),
             ..CommitUnit::default()
         };
-        let mut jobs = jobs.into_iter();
-
-        let mut fatal = None;
-        let mut consumed_next: Option<u64> = None;
-        // Accepted outcomes for the results topic: (command id, outcome, its events, results partition).
-        let mut positioned: Vec<(String, Outcome, std::ops::Range<usize>, u32)> = Vec::new();
-        for job in jobs.by_ref() {
-            if job.consumed.is_some() && job.epoch < self.min_epoch {
-                continue; // handed over before a recovery: the source reads it again
-            }
-            // Every record taken from the commands topic is consumed by this batch, whatever
-            // its outcome (duplicates and conflicts included).
-            if let Some(next) = job.consumed {
-                consumed_next = Some(consumed_next.map_or(next, |c| c.max(next)));
-            }
-            // The same command id again while its first copy is still committing, or
-            // twice in this batch: every caller gets the one outcome. (An unkeyed command's
-            // id is a fresh UUID: it has no copies, and is not tracked.)
-            if job.keyed {
-                if let Some(&(seq, i)) = self.inflight_ids.get(&job.command_id) {
-                    let batch = (seq - self.inflight_base) as usize;
-                    self.inflight[batch].slots[i].replies.push(job.reply);
-                    self.metrics.count(CommandOutcome::Duplicate, 1);
-                    continue;
-                }
-                if let Some(&i) = by_command.get(&job.command_id) {
-                    slots[i].replies.push(job.reply);
-                    self.metrics.count(CommandOutcome::Duplicate, 1);
-                    continue;
-                }
-            }
-            // Kafka mode, a record of the commands topic: its outcome goes to this results
-            // partition (its sender listens there). A local caller is answered directly.
-            let reply_to = (self.changelog && job.consumed.is_some()).then(|| job.reply_partition.unwrap_or(p));
-            if job.keyed {
-                match self.stored_outcome(&job.command_id, now) {
-                    Ok(Some(outcome)) => {
-                        if let Some(results_partition) = reply_to {
-                            // A sender waiting on the results topic gets the original outcome.
-                            let json = codec::to_json(&outcome);
-                            unit.appends.push(changelog::result_record(
-                                &topics.results,
-                                results_partition,
-                                &job.command_id,
-                                &json,
-                                now,
-                            ));
-                        }
-                        slots.push(Slot {
-                            pending: Pending::Ready(Ok(outcome), CommandOutcome::Duplicate),
-                            replies: vec![job.reply],
-                        });
-                        continue;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        fatal = Some((e, job.reply));
-                        break;
-                    }
-                }
-            }
-            let outcome = match job.command {
-                // Undecodable input from the commands topic: refused, recorded, consumed.
-                Err(invalid) => Pending::Written {
-                    outcome: invalid_outcome(&invalid),
-                    appends: 0..0,
-                },
-                Ok(command) => {
-                    let entry = match self.load(&mut working, &job.aggregate_id) {
-                        Ok(e) => e,
-                        Err(e) => {
-                            fatal = Some((e, job.reply));
-                            break;
-                        }
-                    };
-                    if let Some(expected) = job.expected_version
-                        && expected != entry.version
-                    {
-                        let err = Error::VersionMismatch {
-                            expected,
-                            actual: entry.version,
-                        };
-                        if let Some(results_partition) = reply_to {
-                            let json = codec::to_json(&Outcome::Rejected {
-                                error: VERSION_MISMATCH.into(),
-                                message: err.to_string(),
-                            });
-                            let mut result = changelog::result_record(
-                                &topics.results,
-                                results_partition,
-                                &job.command_id,
-                                &json,
-                                now,
-                            );
-                            result.record = result.record.with_header(headers::VERSION, entry.version.to_string());
-                            unit.appends.push(result);
-                        }
-                        slots.push(Slot {
-                            pending: Pending::Ready(Err(err), CommandOutcome::Conflict),
-                            replies: vec![job.reply],
-                        });
-                        continue;
-                    }
-                    let ctx = Context {
-                        aggregate_id: &job.aggregate_id,
-                        version: entry.version,
-                        timestamp_ms: now,
-                        config: &self.cfg.config,
-                        lookups: &self.cfg.tables,
-                    };
-                    match entry.state.handle(command, &ctx) {
-                        Ok(events) => {
-                            let start = unit.appends.len();
-                            let mut views = Vec::with_capacity(events.len());
-                            for event in &events {
-                                entry.state.apply(event);
-                                entry.version += 1;
-                                let (view, append) = event_record::<A>(
-                                    &topics.events,
-                                    p,
-                                    Ids {
-                                        aggregate: &job.aggregate_id,
-                                        command: &job.command_id,
-                                        correlation: &job.correlation_id,
-                                        causation: job.causation_id.as_deref().unwrap_or(&job.command_id),
-                                    },
-                                    entry.version,
-                                    event,
-                                    now,
-                                );
-                                views.push(view);
-                                unit.appends.push(append);
-                            }
-                            let accepted = Accepted {
-                                aggregate_id: job.aggregate_id.clone(),
-                                version: entry.version,
-                                events: views,
-                                position: String::new(),
-                            };
-                            Pending::Written {
-                                outcome: Outcome::Accepted(accepted),
-                                appends: start..unit.appends.len(),
-                            }
-                        }
-                        Err(rejection) => Pending::Written {
-                            outcome: Outcome::Rejected {
-                                error: rejection.code().to_owned(),
-                                message: rejection.to_string(),
-                            },
-                            appends: 0..0,
-                        },
-                    }
-                }
-            };
-            if let Pending::Written { outcome, appends } = &outcome {
-                // Serialized only for what stores or sends it: an unkeyed command answered
-                // in this process (the embedded log) needs none.
-                let json = std::cell::OnceCell::new();
-                let json = || json.get_or_init(|| codec::to_json(outcome));
-                if job.keyed {
-                    match outcome {
-                        // The events are kept in this store, written in the same local
-                        // batch (on Kafka too: the committer stores a unit's events and its
-                        // local changes together), and in the changelog's transaction:
-                        // refer to them.
-                        Outcome::Accepted(a) => {
-                            let count = u32::try_from(a.events.len()).expect("under 2^32 events per command");
-                            let reference = changelog::events_reference(&a.aggregate_id, a.version, count);
-                            unit.local.put_dedup(A::TYPE, p, &job.command_id, now, &reference);
-                            if self.changelog {
-                                unit.appends.push(changelog::accepted_record(
-                                    &topics.state,
-                                    p,
-                                    &job.command_id,
-                                    &a.aggregate_id,
-                                    a.version,
-                                    count,
-                                    now,
-                                ));
-                            }
-                        }
-                        _ => {
-                            unit.local.put_dedup(A::TYPE, p, &job.command_id, now, json());
-                            if self.changelog {
-                                unit.appends.push(changelog::outcome_record(
-                                    &topics.state,
-                                    p,
-                                    &job.command_id,
-                                    json(),
-                                    now,
-                                ));
-                            }
-                        }
-                    }
-                }
-                if self.changelog {
-                    match (reply_to, outcome) {
-                        // A caller of this instance waits for it: nothing for the results topic.
-                        (None, _) => {}
-                        // Its position is known only once the log assigned the events'
-                        // offsets: written by the unit's `then`.
-                        (Some(results_partition), Outcome::Accepted(_)) => {
-                            positioned.push((
-                                job.command_id.clone(),
-                                outcome.clone(),
-                                appends.clone(),
-                                results_partition,
-                            ));
-                        }
-                        (Some(results_partition), _) => {
-                            unit.appends.push(changelog::result_record(
-                                &topics.results,
-                                results_partition,
-                                &job.command_id,
-                                json(),
-                                now,
-                            ));
-                        }
-                    }
-                }
-            }
-
-            if job.keyed {
-                by_command.insert(job.command_id, slots.len());
-            }
-            slots.push(Slot {
-                pending: outcome,
-                replies: vec![job.reply],
-            });
-        }
-
-        if let Some((reason, reply)) = fatal {
-            // Nothing of this batch is committed: every caller of it learns why.
-            let err = Error::PartitionFailed {
-                aggregate: A::TYPE.into(),
-                partition: p,
-                reason: reason.clone(),
-            };
-            let replies = slots
-                .into_iter()
-                .flat_map(|s| s.replies)
-                .chain(std::iter::once(reply))
-                .chain(jobs.map(|j| j.reply));
-            let mut n = 0;
-            for r in replies {
-                let _ = r.send(Err(clone_err(&err)));
-                n += 1;
-            }
-            self.metrics.count(CommandOutcome::Error, n);
-            return Err(reason);
-        }
-
-        let written = slots
-            .iter()
-            .filter(|s| matches!(s.pending, Pending::Written { .. }))
-            .count();
-        let mut touched = Vec::with_capacity(working.len());
-        // The store keeps a state every `state_every` versions and folds the events after it
-        // (see `snapshot`); Kafka mode's state topic gets every state, since it restores
-        // the store of an instance that takes the partition over.
-        let every = self.cfg.state_every;
-        for (id, c) in working.iter().filter(|(_, c)| c.version != c.loaded_version) {
-            let stored = snapshot::writes_state(every, c.loaded_version, c.version);
-            if stored || self.changelog {
-                let json = codec::to_json(&c.state);
-                if self.changelog {
-                    unit.appends
-                        .push(changelog::state_record(&topics.state, p, id, c.version, &json, now));
-                }
-                if stored {
-                    unit.local.put_state(A::TYPE, id, c.version, &json);
-                }
-            }
-            touched.push((Arc::from(id.as_str()), c.version));
-        }
-        self.cache.extend(working);
+        self.cache.extend(plan.states);
         self.shared.cached.store(self.cache.len() as u64, Ordering::Relaxed);
         let seq = self.inflight_base + self.inflight.len() as u64;
-        let commands: Vec<String> = by_command
-            .into_iter()
+        let commands: Vec<String> = (plan.commands.into_iter())
             .map(|(id, slot)| {
                 self.inflight_ids.insert(id.clone(), (seq, slot));
                 id
             })
             .collect();
-        let advanced = consumed_next.filter(|n| *n > self.consumed_hwm);
+        unit.consumed.extend(self.consume(plan.consumed, plan.written));
+        if !plan.positioned.is_empty() {
+            let then = decide::results_then(plan.positioned, &self.cfg.topics, p, self.events_end, now);
+            unit.then = Some(then);
+        }
+        let commit = (plan.written > 0 || plan.consumed.is_some()).then(|| self.log.commit(unit));
+        self.inflight.push_back(InFlight {
+            commit,
+            slots,
+            commands,
+            touched: plan.touched,
+            written: plan.written,
+            started: Instant::now(),
+        });
+    }
+
+    /// Moves the consumed offset to `consumed` if that is further; the offset a unit
+    /// writing `written` slots commits, if any.
+    fn consume(&mut self, consumed: Option<u64>, written: usize) -> Option<Consumed> {
+        let advanced = consumed.filter(|n| *n > self.consumed_hwm);
         if let Some(next_offset) = advanced {
             self.set_consumed(next_offset);
         }
@@ -1178,46 +1055,12 @@ impl<A: Aggregate> Processor<A> {
         // offset (unchanged if it consumed nothing): the broker checks the group generation
         // then, so an instance the group has moved on from (a zombie, e.g. one that was
         // paused) cannot write to a partition that another instance owns now.
-        if advanced.is_some() || (self.fenced_by_group && written > 0) {
-            unit.consumed.push(Consumed {
-                group: self.cfg.group.clone(),
-                topic: topics.commands.clone(),
-                partition: p,
-                next_offset: self.consumed_hwm,
-            });
-        }
-        if !positioned.is_empty() {
-            let (events, results, end) = (topics.events.clone(), topics.results.clone(), self.events_end);
-            unit.then = Some(eventfold_log::Then::new(move |offsets: &[u64]| {
-                positioned
-                    .into_iter()
-                    .map(|(command_id, mut outcome, range, partition)| {
-                        if let Outcome::Accepted(a) = &mut outcome {
-                            let after = match range.end.checked_sub(1).and_then(|i| offsets.get(i)) {
-                                Some(last) => last + 1,
-                                None => end,
-                            };
-                            a.position = Position::token_at(&events, p, after);
-                        }
-                        let json = codec::to_json(&outcome);
-                        changelog::result_record(&results, partition, &command_id, &json, now)
-                    })
-                    .collect()
-            }));
-        }
-        let commit = (written > 0 || consumed_next.is_some()).then(|| {
-            // Enqueued now, in batch order: the log commits this partition's units in order.
-            self.log.commit(unit)
-        });
-        self.inflight.push_back(InFlight {
-            commit,
-            slots,
-            commands,
-            touched,
-            written,
-            started: Instant::now(),
-        });
-        Ok(())
+        (advanced.is_some() || (self.fenced_by_group && written > 0)).then(|| Consumed {
+            group: self.cfg.group.clone(),
+            topic: self.cfg.topics.commands.clone(),
+            partition: self.cfg.partition,
+            next_offset: self.consumed_hwm,
+        })
     }
 
     fn clear_cache(&mut self) {
@@ -1244,6 +1087,47 @@ impl<A: Aggregate> Processor<A> {
         self.shared.cached.store(self.cache.len() as u64, Ordering::Relaxed);
     }
 
+    /// Answers a batch whose commit failed: in Kafka mode the partition recovers from the
+    /// committed state; embedded, it stops.
+    fn commit_failed(&mut self, slots: Vec<Slot>, e: &str) {
+        let p = self.cfg.partition;
+        self.clear_cache();
+        let reason = format!("commit failed: {e}");
+        let err = if self.changelog {
+            // Kafka holds the committed state: restore from it and go on (below,
+            // once the units built on this one have failed too).
+            if self.recovering.is_none() {
+                tracing::warn!(aggregate = A::TYPE, partition = p, %reason, "partition recovers from a failed commit");
+                self.set_state(PartitionState::Restoring);
+                self.shared.set_progress(0.0);
+                self.recovering = Some(reason);
+            }
+            Error::Restoring {
+                aggregate: A::TYPE.into(),
+                partition: p,
+                progress_pct: 0.0,
+                retry_after: Duration::from_secs(1),
+            }
+        } else {
+            self.fail(reason.clone());
+            Error::PartitionFailed {
+                aggregate: A::TYPE.into(),
+                partition: p,
+                reason,
+            }
+        };
+        for slot in slots {
+            let outcome = match slot.pending {
+                Pending::Ready(_, o) => o,
+                Pending::Written { .. } => CommandOutcome::Error,
+            };
+            self.metrics.count(outcome, slot.replies.len() as u64);
+            for r in slot.replies {
+                let _ = r.send(Err(clone_err(&err)));
+            }
+        }
+    }
+
     /// Answers a batch once its commit finished.
     fn finish(&mut self, done: InFlight, result: CommitResult) {
         let p = self.cfg.partition;
@@ -1255,44 +1139,7 @@ impl<A: Aggregate> Processor<A> {
         }
         let receipt = match result {
             Ok(r) => r,
-            Err(e) => {
-                self.clear_cache();
-                let reason = format!("commit failed: {e}");
-                let err = if self.changelog {
-                    // Kafka holds the committed state: restore from it and go on (below,
-                    // once the units built on this one have failed too).
-                    if self.recovering.is_none() {
-                        tracing::warn!(aggregate = A::TYPE, partition = p, %reason, "partition recovers from a failed commit");
-                        self.set_state(PartitionState::Restoring);
-                        self.shared.set_progress(0.0);
-                        self.recovering = Some(reason);
-                    }
-                    Error::Restoring {
-                        aggregate: A::TYPE.into(),
-                        partition: p,
-                        progress_pct: 0.0,
-                        retry_after: Duration::from_secs(1),
-                    }
-                } else {
-                    self.fail(reason.clone());
-                    Error::PartitionFailed {
-                        aggregate: A::TYPE.into(),
-                        partition: p,
-                        reason,
-                    }
-                };
-                for slot in done.slots {
-                    let outcome = match slot.pending {
-                        Pending::Ready(_, o) => o,
-                        Pending::Written { .. } => CommandOutcome::Error,
-                    };
-                    self.metrics.count(outcome, slot.replies.len() as u64);
-                    for r in slot.replies {
-                        let _ = r.send(Err(clone_err(&err)));
-                    }
-                }
-                return;
-            }
+            Err(e) => return self.commit_failed(done.slots, &e),
         };
         if let Some(r) = &receipt {
             self.metrics
@@ -1332,101 +1179,6 @@ impl<A: Aggregate> Processor<A> {
             }
             let _ = first.send(result);
         }
-    }
-
-    /// The working copy of `id`: from this batch, the cache or the store.
-    fn load<'w>(
-        &self,
-        working: &'w mut HashMap<String, Cached<A>>,
-        id: &str,
-    ) -> std::result::Result<&'w mut Cached<A>, String> {
-        if !working.contains_key(id) {
-            let c = match self.cache.get(id) {
-                Some(c) => Cached {
-                    version: c.version,
-                    state: c.state.clone(),
-                    loaded_version: c.version,
-                },
-                None => {
-                    let (version, state) = snapshot::load::<A>(self.log.store(), &self.cfg.topics.events, id)
-                        .map_err(|e| e.to_string())?
-                        .unwrap_or_default();
-                    Cached {
-                        version,
-                        state,
-                        loaded_version: version,
-                    }
-                }
-            };
-            working.insert(id.to_owned(), c);
-        }
-        Ok(working.get_mut(id).expect("inserted above"))
-    }
-}
-
-/// The ids an event record carries.
-struct Ids<'a> {
-    aggregate: &'a str,
-    command: &'a str,
-    correlation: &'a str,
-    causation: &'a str,
-}
-
-/// The event record (with every contract header) and its API view.
-fn event_record<A: Aggregate>(
-    topic: &Arc<str>,
-    partition: u32,
-    ids: Ids<'_>,
-    version: u64,
-    event: &A::Event,
-    now: i64,
-) -> (EventView, Append) {
-    // Serialized once, as the reply's document; the record's value copies its bytes.
-    let (event_type, payload) = codec::encode_event_raw(event);
-    let json = payload.get().as_bytes().to_vec();
-    let event_id = uuid::Uuid::now_v7().to_string();
-    let record = Record {
-        key: ids.aggregate.as_bytes().to_vec(),
-        value: json,
-        headers: Vec::with_capacity(8),
-        timestamp_ms: now,
-    }
-    .with_header(headers::TYPE, event_type.as_bytes())
-    .with_header(headers::ID, event_id.as_bytes())
-    .with_header(headers::AGGREGATE_ID, ids.aggregate.as_bytes())
-    .with_header(headers::VERSION, version.to_string())
-    .with_header(headers::COMMAND_ID, ids.command.as_bytes())
-    .with_header(headers::CORRELATION_ID, ids.correlation.as_bytes())
-    .with_header(headers::CAUSATION_ID, ids.causation.as_bytes())
-    .with_header(headers::CONTENT_TYPE, "application/json");
-    let view = EventView {
-        version,
-        event_type,
-        id: event_id,
-        command_id: ids.command.to_owned(),
-        correlation_id: ids.correlation.to_owned(),
-        causation_id: ids.causation.to_owned(),
-        timestamp: rfc3339_ms(now),
-        payload,
-    };
-    let append = Append {
-        topic: topic.clone(),
-        partition,
-        record,
-        entity: Some((ids.aggregate.as_bytes().to_vec(), version)),
-    };
-    (view, append)
-}
-
-/// The outcome of a commands-topic record that is not a valid command.
-fn invalid_outcome(invalid: &eventfold_core::Error) -> Outcome {
-    let error = match invalid {
-        eventfold_core::Error::UnknownCommand { .. } => "unknown_command_type",
-        _ => "malformed_command",
-    };
-    Outcome::Rejected {
-        error: error.to_owned(),
-        message: invalid.to_string(),
     }
 }
 
