@@ -96,27 +96,8 @@ impl Requester {
             .idempotency_key
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let mut record = Record {
-            key: req.aggregate_id.clone().into_bytes(),
-            value: req.body,
-            headers: Vec::with_capacity(7),
-            timestamp_ms: self.clock.now_ms(),
-        }
-        .with_header(headers::TYPE, command_type)
-        .with_header(headers::ID, uuid::Uuid::now_v7().to_string())
-        .with_header(headers::COMMAND_ID, command_id.as_str())
-        .with_header(
-            headers::CORRELATION_ID,
-            req.correlation_id.as_deref().unwrap_or(&command_id),
-        )
-        .with_header(headers::REPLY_PARTITION, self.reply_partition.to_string())
-        .with_header(headers::CONTENT_TYPE, "application/json");
-        if let Some(c) = &req.causation_id {
-            record = record.with_header(headers::CAUSATION_ID, c.as_str());
-        }
-        if let Some(v) = req.expected_version {
-            record = record.with_header(headers::EXPECTED_VERSION, v.to_string());
-        }
+        let expected = req.expected_version;
+        let record = self.command_record(command_type, &command_id, req);
         let (tx, rx) = oneshot::channel();
         self.waiters
             .lock()
@@ -145,6 +126,44 @@ impl Requester {
                 return Err(Error::Timeout(timeout));
             }
         };
+        self.read_outcome(topics, p, &command_id, expected, result).await
+    }
+
+    /// The command as a commands-topic record, its reply addressed to this instance.
+    fn command_record(&self, command_type: &str, command_id: &str, req: CommandRequest) -> Record {
+        let mut record = Record {
+            key: req.aggregate_id.into_bytes(),
+            value: req.body,
+            headers: Vec::with_capacity(7),
+            timestamp_ms: self.clock.now_ms(),
+        }
+        .with_header(headers::TYPE, command_type)
+        .with_header(headers::ID, uuid::Uuid::now_v7().to_string())
+        .with_header(headers::COMMAND_ID, command_id)
+        .with_header(
+            headers::CORRELATION_ID,
+            req.correlation_id.as_deref().unwrap_or(command_id),
+        )
+        .with_header(headers::REPLY_PARTITION, self.reply_partition.to_string())
+        .with_header(headers::CONTENT_TYPE, "application/json");
+        if let Some(c) = &req.causation_id {
+            record = record.with_header(headers::CAUSATION_ID, c.as_str());
+        }
+        if let Some(v) = req.expected_version {
+            record = record.with_header(headers::EXPECTED_VERSION, v.to_string());
+        }
+        record
+    }
+
+    /// The owner's outcome record as the caller's result.
+    async fn read_outcome(
+        &self,
+        topics: &Topics,
+        p: u32,
+        command_id: &str,
+        expected: Option<u64>,
+        result: Record,
+    ) -> Result<Outcome> {
         let outcome: Outcome = serde_json::from_slice(&result.value).map_err(|e| {
             Error::Log(eventfold_log::Error::Kafka(format!(
                 "the outcome of command {command_id:?} on {} does not decode: {e}",
@@ -153,7 +172,7 @@ impl Requester {
         })?;
         match outcome {
             Outcome::Rejected { error, .. } if error == VERSION_MISMATCH => Err(Error::VersionMismatch {
-                expected: req.expected_version.unwrap_or_default(),
+                expected: expected.unwrap_or_default(),
                 actual: result
                     .header_str(headers::VERSION)
                     .and_then(|v| v.parse().ok())

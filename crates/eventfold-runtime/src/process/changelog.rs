@@ -126,37 +126,7 @@ pub(crate) fn replay(
             b"t" => {
                 let key = utf8(parts.next().ok_or_else(|| bad("no key".into()))?).map_err(bad)?;
                 let timer = utf8(parts.next().ok_or_else(|| bad("no timer id".into()))?).map_err(bad)?;
-                let slot = (key.to_owned(), timer.to_owned());
-                let old = match dues.get(&slot) {
-                    Some(d) => *d,
-                    None => store
-                        .timers_of(name, key)
-                        .map_err(|e| bad(e.to_string()))?
-                        .into_iter()
-                        .find(|t| t.timer == timer)
-                        .map(|t| t.due_ms),
-                };
-                if let Some(due) = old {
-                    batch.delete_timer(name, key, timer, due);
-                }
-                if v.is_empty() {
-                    dues.insert(slot, None);
-                } else {
-                    let (due, corr) = v
-                        .split_at_checked(8)
-                        .ok_or_else(|| bad("timer value too short".into()))?;
-                    let due_ms = u64_of(due).map_err(bad)? as i64;
-                    batch.put_timer(
-                        name,
-                        &TimerRow {
-                            key: key.to_owned(),
-                            timer: timer.to_owned(),
-                            due_ms,
-                            correlation_id: utf8(corr).map_err(bad)?.to_owned(),
-                        },
-                    );
-                    dues.insert(slot, Some(due_ms));
-                }
+                replay_timer(store, name, (key, timer), v, &mut dues, &mut batch).map_err(bad)?;
             }
             b"o" => {
                 // The sequence is binary (it may hold NUL bytes): everything after `o 0`.
@@ -179,6 +149,49 @@ pub(crate) fn replay(
         }
     }
     Ok(batch)
+}
+
+/// A timer's changelog record: the batch drops the timer's row as of the records applied
+/// so far (its due time is part of the key) and writes the new one, unless `v` is empty (a
+/// removal). `dues` carries each timer's due time through the batch.
+fn replay_timer(
+    store: &Store,
+    name: &str,
+    (key, timer): (&str, &str),
+    v: &[u8],
+    dues: &mut HashMap<(String, String), Option<i64>>,
+    batch: &mut Batch,
+) -> Result<(), String> {
+    let slot = (key.to_owned(), timer.to_owned());
+    let old = match dues.get(&slot) {
+        Some(d) => *d,
+        None => store
+            .timers_of(name, key)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|t| t.timer == timer)
+            .map(|t| t.due_ms),
+    };
+    if let Some(due) = old {
+        batch.delete_timer(name, key, timer, due);
+    }
+    if v.is_empty() {
+        dues.insert(slot, None);
+        return Ok(());
+    }
+    let (due, corr) = v.split_at_checked(8).ok_or("timer value too short")?;
+    let due_ms = u64_of(due)? as i64;
+    batch.put_timer(
+        name,
+        &TimerRow {
+            key: key.to_owned(),
+            timer: timer.to_owned(),
+            due_ms,
+            correlation_id: utf8(corr)?.to_owned(),
+        },
+    );
+    dues.insert(slot, Some(due_ms));
+    Ok(())
 }
 
 #[cfg(test)]

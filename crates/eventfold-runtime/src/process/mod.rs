@@ -24,6 +24,7 @@ mod feed;
 mod outbox;
 mod owner;
 mod shared;
+mod sources;
 mod targets;
 mod worker;
 

@@ -10,8 +10,9 @@
 
 use super::changelog::{self, applied_key};
 use super::shared::{ProcessOptions, Shared};
+use super::sources::{checkpoint_key, timers_key};
 use super::targets::Targets;
-use super::worker::{ChangelogTarget, Stop, Worker, checkpoint_key, timers_key};
+use super::worker::{ChangelogTarget, Stop, Worker};
 use crate::clock::Clock;
 use eventfold_core::ProcessManager;
 use eventfold_log::{GroupEvent, Log};

@@ -13,9 +13,9 @@ use super::decide::{self, Command, Envelope, Plan, Prefetched, Step, Timers};
 use super::feed::Feed;
 use super::outbox::{self, Answer};
 use super::shared::{ProcessOptions, Shared};
+use super::sources::{self, Source, checkpoint_key, timers_key};
 use super::targets::Targets;
 use crate::clock::Clock;
-use crate::command::Topics;
 use eventfold_core::envelope::headers;
 use eventfold_core::process::Subscription;
 use eventfold_core::{ProcessManager, RecordRef};
@@ -91,35 +91,11 @@ pub(crate) struct ChangelogTarget {
     pub lane: u32,
 }
 
-/// One partition of a subscribed events topic.
-struct Source {
-    topic: Arc<str>,
-    partition: u32,
-    /// Index into the subscriptions.
-    sub: usize,
-    /// The next offset to read.
-    next: u64,
-    /// The position last committed: a batch writes only the positions that moved.
-    written: u64,
-    /// The topic's end when the worker started: the restore barrier's target.
-    target: u64,
-}
-
 /// How often the lag gauge asks the log for the sources' ends.
 const LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// The fallback poll doubles this many times at most while nothing arrives.
 const IDLE_DOUBLINGS: u32 = 2;
-
-/// The meta entry holding how many timers a process manager has pending.
-pub(crate) fn timers_key(name: &str) -> String {
-    format!("pm/{name}/timers")
-}
-
-/// The meta entry of a process manager's position in a source partition.
-pub(crate) fn checkpoint_key(name: &str, topic: &str, partition: u32) -> String {
-    format!("pm/{name}/{topic}/{partition}")
-}
 
 pub(crate) struct Worker<P: ProcessManager> {
     log: Arc<dyn Log>,
@@ -160,62 +136,13 @@ impl<P: ProcessManager> Worker<P> {
     ) -> Result<Self, String> {
         let store = log.store().clone();
         let subs = P::subscriptions(&config);
-        let mut sources = Vec::new();
-        let mut wake = Vec::new();
-        for (i, sub) in subs.iter().enumerate() {
-            let t = sub.aggregate_type();
-            let (topic, partitions) = match sub.app() {
-                Some(app) => {
-                    if !targets.reaches_other_apps() {
-                        return Err(format!(
-                            "process manager `{}` reads app `{app}`'s aggregate type `{t}`: another app's events are read from Kafka only (start with --kafka)",
-                            P::NAME
-                        ));
-                    }
-                    (Topics::new(app, t).events, log.partitions())
-                }
-                None => {
-                    let svc = targets.local(t).ok_or_else(|| {
-                        format!(
-                            "process manager `{}` reads aggregate type `{t}`, which is not registered",
-                            P::NAME
-                        )
-                    })?;
-                    wake.push(svc.subscribe());
-                    (svc.topics().events.clone(), svc.partition_count())
-                }
-            };
-            for partition in 0..partitions {
-                let key = checkpoint_key(P::NAME, &topic, partition);
-                let next = store
-                    .get_meta(&key)
-                    .map_err(|e| format!("cannot read checkpoint {key}: {e}"))?
-                    .unwrap_or(0);
-                sources.push(Source {
-                    topic: topic.clone(),
-                    partition,
-                    sub: i,
-                    next,
-                    written: next,
-                    target: 0,
-                });
-            }
-        }
+        let (sources, wake) = sources::open::<P>(log, targets, &store, &subs)?;
         let next_seq = store
             .outbox(P::NAME)
             .map_err(|e| format!("cannot read the outbox of `{}`: {e}", P::NAME))?
             .last()
             .map_or(1, |o| o.seq + 1);
-        // Kept in meta by every batch; counted once (a key scan) for a store without it.
-        let timers_pending = match store
-            .get_meta(&timers_key(P::NAME))
-            .map_err(|e| format!("cannot read the timer count of `{}`: {e}", P::NAME))?
-        {
-            Some(n) => n,
-            None => store
-                .count_timers(P::NAME)
-                .map_err(|e| format!("cannot count the timers of `{}`: {e}", P::NAME))?,
-        };
+        let timers_pending = sources::timers_pending::<P>(&store)?;
         shared.timers_pending.store(timers_pending, Ordering::Relaxed);
         let (answers_tx, answers) = mpsc::unbounded_channel();
         Ok(Self {

@@ -172,30 +172,15 @@ impl<P: Projection> Worker<P> {
                 };
                 serving = true;
             }
-            if self.next >= target && !progress.caught_up.load(Ordering::Relaxed) {
-                tracing::debug!(
-                    view = P::VIEW,
-                    partition = self.partition,
-                    target,
-                    "view partition caught up"
-                );
-                progress.caught_up.store(true, Ordering::Release);
+            if self.next >= target {
+                self.caught_up(target);
             }
             match self.step(&topic, self.svc.options.max_batch_events).await {
                 // Nothing left to read: caught up even if `next` is below the target, as
                 // in Kafka, where transaction markers take offsets but are never read.
                 Ok(0) => {
                     idle_polls = idle_polls.saturating_add(1);
-                    if !progress.caught_up.load(Ordering::Relaxed) {
-                        tracing::debug!(
-                            view = P::VIEW,
-                            partition = self.partition,
-                            next = self.next,
-                            target,
-                            "view partition caught up"
-                        );
-                        progress.caught_up.store(true, Ordering::Release);
-                    }
+                    self.caught_up(target);
                 }
                 // A backlog: read on at once.
                 Ok(n) if n.saturating_mul(4) >= self.svc.options.max_batch_events => {
@@ -216,6 +201,21 @@ impl<P: Projection> Worker<P> {
                 Err(Step::Fatal(e)) => return self.fail(e),
             }
             self.wait_for_more(&mut wake, idle_polls).await;
+        }
+    }
+
+    /// Marks the partition caught up with its target (once: readiness waits for it).
+    fn caught_up(&self, target: u64) {
+        let progress = &self.svc.partitions[self.partition as usize];
+        if !progress.caught_up.load(Ordering::Relaxed) {
+            tracing::debug!(
+                view = P::VIEW,
+                partition = self.partition,
+                next = self.next,
+                target,
+                "view partition caught up"
+            );
+            progress.caught_up.store(true, Ordering::Release);
         }
     }
 
