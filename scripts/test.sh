@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of eventfold: formatting, lints, rustdoc, then a real Apache Kafka
 # broker that this script starts and stops itself, the Rust test suite against it (unit,
-# conformance of both log backends, HTTP contract, crash tests), the broker smoke test, and
+# conformance of both log backends, HTTP contract, crash tests), the broker smoke test, the
+# API fuzzer on both backends, and
 # the benchmark suite in smoke mode (with its Kafka Streams and cqrs-es/PostgreSQL peers).
 #
 # Usage: scripts/test.sh            (what CI runs, via .ci/run)
@@ -70,6 +71,12 @@ if [ "${EVENTFOLD_SKIP_KAFKA:-0}" != 1 ]; then
   step "Kafka: transactional smoke test (committed visible, aborted invisible to read_committed)"
   python3 scripts/kafka/smoke.py
 fi
+
+# The API fuzzed from its OpenAPI document (Schemathesis, pinned in the script, installed
+# into a venv under ~/.cache/eventfold): no 5xx, no hang, every answer as documented.
+if [ "${EVENTFOLD_SKIP_KAFKA:-0}" = 1 ]; then fuzz_backends=embedded; else fuzz_backends=embedded,kafka; fi
+step "API fuzzing on $fuzz_backends (scripts/fuzz_api.py)"
+python3 scripts/fuzz_api.py --bin "${CARGO_TARGET_DIR:-target}/debug" --backends "$fuzz_backends"
 
 # The benchmark suite in smoke mode: every scenario against eventfold and its peers (the
 # peers' own tests included), seconds each, so that `bench/run.py` keeps working. Debug
