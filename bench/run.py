@@ -36,9 +36,10 @@ Scenarios (each records its parameters in the results):
             median fixed-rate p99) picks it first. Then pairs of runs, eventfold and the peer, each warmed up,
             the order within a pair alternated. Aim: eventfold's p99 at most 0.5x the peer's.
 
-  --baseline-shop OLD_BINARY works for the embedded and kafka scenarios too: the old shop
-  is measured right after this build's in every run (system "baseline"), and the tables
-  give this build / baseline ratios.
+  --baseline-shop OLD_BINARY works for the embedded, kafka and views scenarios too: the old
+  shop is measured right after this build's in every run (system "baseline"; views: both
+  shops hold the same orders and serve side by side, the first of each pair alternates),
+  and the tables give this build / baseline ratios.
 
   --timeline (kafka scenario) samples every HTTP 5,000/s run with bench/timeline.py: the
   windows go to <out>/timelines/<system>-<run>.tsv, and each run's result gets a
@@ -77,7 +78,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -623,46 +624,60 @@ class Suite:
         params = {"orders": n, "customers": customers, "concurrency": a.concurrency, "duration": a.duration,
                   "key_lookup": "GET /v1/views/orders/o-{k}, k uniform in 0..orders",
                   "index_query": "GET /v1/views/orders?customer_id=c{k}&limit=20, k uniform in 0..customers"}
-        runs = {"eventfold key lookup": [], "eventfold index query (limit 20)": []}
-        data = self.work / "views"
-        svc, url = self.shop("shop-views", data)
-        with svc as p:
-            p.wait_http(url + "/readyz", 60)
-            log(f"views: writing {n} orders")
-            self.http_load(url, None, 64, count=n, extra=["--ids", str(n), "--sequential-ids", "--id-prefix", "o-"])
-            # The views follow the log asynchronously: wait until sample rows are there.
-            deadline = time.monotonic() + 120
-            sample = [f"o-{k}" for k in range(max(0, n - 64), n)]
-            while not all(http_ok(f"{url}/v1/views/orders/{k}") for k in sample):
-                if time.monotonic() > deadline:
-                    die("views did not catch up with the orders within 120 s")
-                time.sleep(0.1)
+        shops = self.shops(params)
+        lag_label = f"view lag at {a.lag_rate} commands/s"
+        fan_label = f"email change on a {a.join_fanout}-order customer"
+        labels = ["key lookup", "index query (limit 20)", lag_label, fan_label]
+        runs = {f"{name} {label}": [] for name in shops for label in labels}
+        params["view_lag"] = (f"commands at {a.lag_rate}/s (eventfold load --rate, 256 connections) while a probe "
+                              "places an order, then polls GET /v1/views/orders/{id} every ms: latency = "
+                              "acknowledgement to row visible; per second = the load's commands/s")
+        params["join_fanout"] = (f"{a.join_fanout} orders of one customer; per run a ChangeEmail, then "
+                                 "GET /v1/views/orders?customer_id=..&limit=1000 with the change's position, "
+                                 "every page: latency p50 = change answered to its first page showing the new "
+                                 "email, p99 = to every row read with it (the orders rows join customer_email "
+                                 "at read time: aim within 2 s); per second = rows read/s")
+        with ExitStack() as stack:
+            # With --baseline-shop both shops hold the same data and serve side by side (the
+            # idle one costs nothing); the measured runs alternate which goes first.
+            urls = {}
+            for name, binary in shops.items():
+                svc, url = self.shop(f"{name}-views", self.work / f"views-{name}", binary=binary)
+                stack.enter_context(svc).wait_http(url + "/readyz", 60)
+                self.write_orders(url, n)
+                urls[name] = url
             for i in range(a.runs):
-                log(f"views run {i + 1}/{a.runs}")
-                runs["eventfold key lookup"].append(self.http_load(
-                    url, a.duration, a.concurrency,
-                    extra=["--get", "/v1/views/orders/{id}", "--ids", str(n), "--id-prefix", "o-"]))
-                runs["eventfold index query (limit 20)"].append(self.http_load(
-                    url, a.duration, a.concurrency,
-                    extra=["--get", "/v1/views/orders?customer_id={id}&limit=20", "--ids", str(customers),
-                           "--id-prefix", "c"]))
-            lag_key = f"eventfold view lag at {a.lag_rate} commands/s"
-            params["view_lag"] = (f"commands at {a.lag_rate}/s (eventfold load --rate, 256 connections) while a probe "
-                                  "places an order, then polls GET /v1/views/orders/{id} every ms: latency = "
-                                  "acknowledgement to row visible; per second = the load's commands/s")
-            runs[lag_key] = []
+                for name in (list(urls) if i % 2 == 0 else list(reversed(urls))):
+                    url = urls[name]
+                    log(f"views run {i + 1}/{a.runs}: {name}")
+                    runs[f"{name} key lookup"].append(self.http_load(
+                        url, a.duration, a.concurrency,
+                        extra=["--get", "/v1/views/orders/{id}", "--ids", str(n), "--id-prefix", "o-"]))
+                    runs[f"{name} index query (limit 20)"].append(self.http_load(
+                        url, a.duration, a.concurrency,
+                        extra=["--get", "/v1/views/orders?customer_id={id}&limit=20", "--ids", str(customers),
+                               "--id-prefix", "c"]))
             for i in range(a.runs):
-                log(f"views lag run {i + 1}/{a.runs} at {a.lag_rate} commands/s")
-                runs[lag_key].append(self.view_lag(url, a.lag_rate, a.duration, f"lag{self.run_tag}r{i}"))
-            fan_key = f"eventfold email change on a {a.join_fanout}-order customer"
-            params["join_fanout"] = (f"{a.join_fanout} orders of one customer; per run a ChangeEmail, then "
-                                     "GET /v1/views/orders?customer_id=..&limit=1000 with the change's position, "
-                                     "every page: latency p50 = change answered to its first page showing the new "
-                                     "email, p99 = to every row read with it (the orders rows join customer_email "
-                                     "at read time: aim within 2 s); per second = rows read/s")
-            runs[fan_key] = self.join_fanout(url, a.join_fanout, a.runs)
-        shutil.rmtree(data, ignore_errors=True)
-        self.record("views", params, runs, pairs=[])
+                for name in (list(urls) if i % 2 == 0 else list(reversed(urls))):
+                    log(f"views lag run {i + 1}/{a.runs} at {a.lag_rate} commands/s: {name}")
+                    runs[f"{name} {lag_label}"].append(
+                        self.view_lag(urls[name], a.lag_rate, a.duration, f"lag{self.run_tag}r{i}"))
+            for name, url in urls.items():
+                runs[f"{name} {fan_label}"] = self.join_fanout(url, a.join_fanout, a.runs)
+        for name in shops:
+            shutil.rmtree(self.work / f"views-{name}", ignore_errors=True)
+        self.record("views", params, runs, pairs=[(f"eventfold {label}", f"baseline {label}") for label in labels])
+
+    def write_orders(self, url, n):
+        log(f"views: writing {n} orders to {url}")
+        self.http_load(url, None, 64, count=n, extra=["--ids", str(n), "--sequential-ids", "--id-prefix", "o-"])
+        # The views follow the log asynchronously: wait until sample rows are there.
+        deadline = time.monotonic() + 120
+        sample = [f"o-{k}" for k in range(max(0, n - 64), n)]
+        while not all(http_ok(f"{url}/v1/views/orders/{k}") for k in sample):
+            if time.monotonic() > deadline:
+                die("views did not catch up with the orders within 120 s")
+            time.sleep(0.1)
 
     def join_fanout(self, url, fanout, n_runs):
         """Issue 54's fan-out: a customer with `fanout` orders changes email; how long until
