@@ -5,6 +5,7 @@
 //! consumed. No I/O, no clock, no tokio: the processor prefetches ([`prefetch`], with
 //! its readers), calls [`decide`], and commits the plan as one unit.
 
+use super::durability::{At, Durability};
 use crate::changelog;
 use crate::command::{Topics, VERSION_MISMATCH};
 use crate::error::{Error, Result};
@@ -89,8 +90,8 @@ pub(crate) struct Env<'a, A: Aggregate> {
     pub config: &'a A::Config,
     pub lookups: &'a dyn Lookups,
     pub now: i64,
-    /// The store is a cache of the log (Kafka mode): write changelog and results records.
-    pub changelog: bool,
+    /// What the backend writes besides the events, dedup records and states.
+    pub durability: &'a Durability,
     /// The store keeps a state every this many versions (see `snapshot`).
     pub state_every: u64,
     /// Commands-topic records fetched before this epoch are dropped.
@@ -100,6 +101,15 @@ pub(crate) struct Env<'a, A: Aggregate> {
 }
 
 impl<A: Aggregate> Env<'_, A> {
+    /// Where and when the decision's records are written.
+    fn at(&self) -> At<'_> {
+        At {
+            topics: self.topics,
+            partition: self.partition,
+            now: self.now,
+        }
+    }
+
     /// A commands-topic record fetched before the last assignment or recovery: the
     /// source reads it again.
     fn stale(&self, m: &Meta) -> bool {
@@ -255,7 +265,7 @@ impl<A: Aggregate> Plan<A> {
     ) -> std::result::Result<(), String> {
         // Kafka mode, a record of the commands topic: its outcome goes to this results
         // partition (its sender listens there). A local caller is answered directly.
-        let reply_to = (env.changelog && c.consumed.is_some()).then(|| c.reply_partition.unwrap_or(env.partition));
+        let reply_to = (env.durability).results_partition(c.consumed.is_some(), c.reply_partition, env.partition);
         if c.keyed
             && let Some(outcome) = stored(pre, &c.command_id)?
         {
@@ -402,30 +412,18 @@ impl<A: Aggregate> Plan<A> {
                     let count = u32::try_from(a.events.len()).expect("under 2^32 events per command");
                     let reference = changelog::events_reference(&a.aggregate_id, a.version, count);
                     self.local.put_dedup(A::TYPE, p, &c.command_id, now, &reference);
-                    if env.changelog {
-                        self.appends.push(changelog::accepted_record(
-                            &topics.state,
-                            p,
-                            &c.command_id,
-                            &a.aggregate_id,
-                            a.version,
-                            count,
-                            now,
-                        ));
-                    }
+                    let at = env.at();
+                    let record = (env.durability).accepted_record(at, &c.command_id, &a.aggregate_id, a.version, count);
+                    self.appends.extend(record);
                 }
                 _ => {
                     self.local.put_dedup(A::TYPE, p, &c.command_id, now, json());
-                    if env.changelog {
-                        self.appends
-                            .push(changelog::outcome_record(&topics.state, p, &c.command_id, json(), now));
-                    }
+                    self.appends
+                        .extend(env.durability.outcome_record(env.at(), &c.command_id, json()));
                 }
             }
         }
-        if !env.changelog {
-            return;
-        }
+        // Only Kafka answers senders on the results topic (see `Durability::results_partition`).
         match (reply_to, outcome) {
             // A caller of this instance waits for it: nothing for the results topic.
             (None, _) => {}
@@ -454,16 +452,13 @@ impl<A: Aggregate> Plan<A> {
     /// mode's state topic gets every state, since it restores the store of an instance
     /// that takes the partition over.
     fn write_states(&mut self, env: &Env<'_, A>) {
-        let (p, now) = (env.partition, env.now);
         self.touched.reserve(self.states.len());
         for (id, c) in self.states.iter().filter(|(_, c)| c.version != c.loaded_version) {
             let stored = snapshot::writes_state(env.state_every, c.loaded_version, c.version);
-            if stored || env.changelog {
+            if stored || env.durability.keeps_every_state() {
                 let json = codec::to_json(&c.state);
-                if env.changelog {
-                    self.appends
-                        .push(changelog::state_record(&env.topics.state, p, id, c.version, &json, now));
-                }
+                self.appends
+                    .extend(env.durability.state_record(env.at(), id, c.version, &json));
                 if stored {
                     self.local.put_state(A::TYPE, id, c.version, &json);
                 }

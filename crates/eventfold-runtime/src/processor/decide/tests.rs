@@ -21,6 +21,13 @@ struct World {
 
 static TOPICS: std::sync::LazyLock<Topics> = std::sync::LazyLock::new(|| Topics::new("app", "counter"));
 
+static LOCAL: Durability = Durability::Local;
+
+/// Kafka mode's durability (its group member is never used by a decision).
+static REPLICATED: std::sync::LazyLock<Durability> = std::sync::LazyLock::new(|| Durability::Replicated {
+    member: std::sync::Arc::default(),
+});
+
 fn env<'a>(w: &'a World, topics: &'a Topics, changelog: bool, min_epoch: u64) -> Env<'a, Counter> {
     Env {
         partition: 0,
@@ -28,7 +35,7 @@ fn env<'a>(w: &'a World, topics: &'a Topics, changelog: bool, min_epoch: u64) ->
         config: &(),
         lookups: &w.tables,
         now: 1_000,
-        changelog,
+        durability: if changelog { &REPLICATED } else { &LOCAL },
         state_every: 1,
         min_epoch,
         inflight: &w.inflight,

@@ -132,7 +132,13 @@ fn what_a_phase_takes() {
 
 #[test]
 fn a_revocation_then_a_drain_gives_the_partition_up_whatever_came_before() {
-    for start in [Phase::Remote, Phase::Restoring, Phase::Ready, recovering("x"), Phase::Failed] {
+    for start in [
+        Phase::Remote,
+        Phase::Restoring,
+        Phase::Ready,
+        recovering("x"),
+        Phase::Failed,
+    ] {
         let revoking = start.on(Event::Revoked).expect("revocable");
         assert_eq!(revoking.shown(), start.shown());
         assert_eq!(revoking.on(Event::Drained), Ok(Phase::Remote));
