@@ -149,7 +149,7 @@ impl<A: Aggregate> Processor<A> {
                 Decision::InFlight(seq, i) => {
                     debug_assert!(
                         seq >= self.inflight_base,
-                        "dedup: a command id in flight belongs to a batch still committing"
+                        "I3 dedup: a command id in flight belongs to a batch still committing"
                     );
                     let batch = (seq - self.inflight_base) as usize;
                     self.inflight[batch].slots[i].replies.push(reply);

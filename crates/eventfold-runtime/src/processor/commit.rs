@@ -25,6 +25,13 @@ impl<A: Aggregate> Processor<A> {
             lane: Some(p),
             ..CommitUnit::default()
         };
+        debug_assert!(
+            (plan.states.iter()).all(|(id, c)| {
+                let base = self.cache.get(id).map(|cached| cached.version);
+                c.version >= c.loaded_version && base.is_none_or(|v| v == c.loaded_version)
+            }),
+            "I2 versions: a batch builds on the newest version, its own or one still committing"
+        );
         self.cache.extend(plan.states);
         self.shared.set_cached(self.cache.len());
         let seq = self.inflight_base + self.inflight.len() as u64;
@@ -33,7 +40,7 @@ impl<A: Aggregate> Processor<A> {
                 let earlier = self.inflight_ids.insert(id.clone(), (seq, slot));
                 debug_assert!(
                     earlier.is_none(),
-                    "dedup: a keyed command id is written once while in flight"
+                    "I3 dedup: a keyed command id is written once while in flight"
                 );
                 id
             })
@@ -41,7 +48,7 @@ impl<A: Aggregate> Processor<A> {
         unit.consumed.extend(self.consume(plan.consumed, plan.written));
         debug_assert!(
             plan.consumed.is_none_or(|n| n <= self.consumed_hwm),
-            "exactly-once: the consumed offset committed with or before a unit covers its records"
+            "I1 exactly-once: the consumed offset committed with or before a unit covers its records"
         );
         if !plan.positioned.is_empty() {
             let then = decide::results_then(plan.positioned, &self.cfg.topics, p, self.events_end, now);
@@ -180,6 +187,10 @@ impl<A: Aggregate> Processor<A> {
     /// Answers the callers of a slot of a batch that committed (`receipt`: its offsets,
     /// if it wrote).
     fn answer(&self, slot: Slot, receipt: Option<&Receipt>) {
+        debug_assert!(
+            receipt.is_some() || matches!(slot.pending, Pending::Ready(..)),
+            "I4 durable before ack: an outcome this batch wrote is answered only once its unit committed"
+        );
         let (result, counted) = match slot.pending {
             Pending::Ready(r, o) => (r, o),
             Pending::Written { mut outcome, appends } => {

@@ -246,7 +246,11 @@ impl<A: Aggregate> Processor<A> {
                 }
                 None => {}
             }
-            debug_assert_eq!(revoked.is_some(), matches!(self.phase, Phase::Revoking { .. }));
+            debug_assert_eq!(
+                revoked.is_some(),
+                matches!(self.phase, Phase::Revoking { .. }),
+                "ordering: a revocation is answered once, after the commits in flight"
+            );
             if self.inflight.is_empty()
                 && let Some(done) = revoked.take()
             {
