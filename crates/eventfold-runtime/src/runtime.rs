@@ -358,15 +358,15 @@ fn start<A: Aggregate>(
             state_every: options.state_every,
             tables: grouping.tables.clone(),
         };
-        let mut processor = Processor::new(
+        let processor = Processor::new(
             cfg,
             log.clone(),
             clock.clone(),
             shared.clone(),
             metrics.clone(),
             notify.clone(),
+            grouping.member.clone(),
         );
-        processor.member = Some(grouping.member.clone());
         let control = grouping.grouped.then(|| {
             let (ctl, ctl_rx) = mpsc::unbounded_channel();
             controls.push((ctl, tx.clone(), shared.clone()));
