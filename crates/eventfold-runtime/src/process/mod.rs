@@ -157,12 +157,10 @@ impl ProcessService {
         let state = String::from_utf8(json)
             .ok()
             .and_then(|s| RawValue::from_string(s).ok())
-            .ok_or_else(|| {
-                Error::Store(eventfold_store::Error::Corrupt {
-                    table: "process",
-                    key: format!("{}/{key}", self.name),
-                    reason: "state is not JSON".into(),
-                })
+            .ok_or_else(|| Error::Corrupt {
+                table: "process",
+                key: format!("{}/{key}", self.name),
+                reason: "state is not JSON".into(),
             })?;
         Ok(Some(ProcessStateView {
             name: self.name.to_owned(),

@@ -64,12 +64,10 @@ fn apply_changelog<A: Aggregate>(
         } else {
             changelog::apply_state_record(data, A::TYPE, partition, r)
         };
-        applied.map_err(|reason| {
-            Error::Store(eventfold_store::Error::Corrupt {
-                table: "log",
-                key: format!("{topic}/{partition}@{offset}"),
-                reason,
-            })
+        applied.map_err(|reason| Error::Corrupt {
+            table: "log",
+            key: format!("{topic}/{partition}@{offset}"),
+            reason,
         })?;
     }
     Ok(())
@@ -630,7 +628,7 @@ impl<A: Aggregate> Processor<A> {
             };
             match result {
                 Ok(()) => return None,
-                Err(Error::Store(e)) => {
+                Err(e @ (Error::Store(_) | Error::Corrupt { .. })) => {
                     self.fail(format!("restore failed: {e}"));
                     return None;
                 }
