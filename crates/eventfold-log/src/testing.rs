@@ -1,6 +1,6 @@
 //! Test doubles around a real log, for eventfold's own tests and users' tests.
 
-use crate::{CommitFuture, CommitUnit, Log, Result, Stats};
+use crate::{CommitFuture, CommitUnit, Coordinated, Log, Result, Stats};
 use async_trait::async_trait;
 use eventfold_core::Record;
 use eventfold_store::Store;
@@ -83,32 +83,17 @@ impl Log for GatedLog {
     fn stats(&self) -> Stats {
         self.inner.stats()
     }
-    fn store_is_cache(&self) -> bool {
-        self.inner.store_is_cache()
-    }
     fn units_in_flight(&self) -> usize {
         self.inner.units_in_flight()
     }
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }
-    async fn resume(&self, lane: u32) -> Result<()> {
-        self.inner.resume(lane).await
-    }
-    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
-        self.inner.settle(topic, partition).await
-    }
-    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
-        self.inner.set_sole_writer(topic, partition, sole)
-    }
-    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
-        self.inner.follow(topic, starts)
-    }
     async fn send(&self, append: crate::Append) -> Result<u64> {
         self.inner.send(append).await
     }
-    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
-        self.inner.join(group, topics)
+    fn coordination(&self) -> Option<&dyn Coordinated> {
+        self.inner.coordination()
     }
 }
 
@@ -151,31 +136,16 @@ impl Log for SlowReads {
     fn stats(&self) -> Stats {
         self.inner.stats()
     }
-    fn store_is_cache(&self) -> bool {
-        self.inner.store_is_cache()
-    }
     fn units_in_flight(&self) -> usize {
         self.inner.units_in_flight()
     }
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
         self.inner.committed_offset(group, topic, partition).await
     }
-    async fn resume(&self, lane: u32) -> Result<()> {
-        self.inner.resume(lane).await
-    }
-    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
-        self.inner.settle(topic, partition).await
-    }
-    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
-        self.inner.set_sole_writer(topic, partition, sole)
-    }
-    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<crate::Follower> {
-        self.inner.follow(topic, starts)
-    }
     async fn send(&self, append: crate::Append) -> Result<u64> {
         self.inner.send(append).await
     }
-    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<crate::Membership> {
-        self.inner.join(group, topics)
+    fn coordination(&self) -> Option<&dyn Coordinated> {
+        self.inner.coordination()
     }
 }

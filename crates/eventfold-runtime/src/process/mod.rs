@@ -241,7 +241,7 @@ fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<Proce
         clock: with.clock.clone(),
         shared: Arc::new(Shared::default()),
     });
-    if with.log.store_is_cache() {
+    if with.log.coordination().is_some() {
         svc.shared.set_remote();
         let owner = owner::Owner::<P> {
             log: with.log.clone(),

@@ -321,7 +321,7 @@ impl<A: Aggregate> Processor<A> {
         metrics: Arc<AggregateMetrics>,
         notify: broadcast::Sender<(Arc<str>, u64)>,
     ) -> Self {
-        let changelog = log.store_is_cache();
+        let changelog = log.coordination().is_some();
         Self {
             cfg,
             log,
@@ -347,12 +347,13 @@ impl<A: Aggregate> Processor<A> {
 
     /// Sets the partition's state, and tells the log whether this instance alone writes
     /// the partition's events now: when ready, it owns the partition and restored it
-    /// ([`Log::set_sole_writer`], which spares the views' reads at the end a request to
+    /// (`Coordinated::set_sole_writer`, which spares the views' reads at the end a request to
     /// the broker in Kafka mode).
     fn set_state(&self, state: PartitionState) {
         let ready = state == PartitionState::Ready;
-        self.log
-            .set_sole_writer(&self.cfg.topics.events, self.cfg.partition, ready);
+        if let Some(c) = self.log.coordination() {
+            c.set_sole_writer(&self.cfg.topics.events, self.cfg.partition, ready);
+        }
         self.shared.set_state(state);
     }
 
@@ -483,7 +484,7 @@ impl<A: Aggregate> Processor<A> {
         loop {
             self.clear_cache();
             let attempt_run = async {
-                match self.log.resume(p).await {
+                match async { self.log.require_coordination()?.resume(p).await }.await {
                     Ok(()) => self.restore().await,
                     Err(e) => Err(e.into()),
                 }
@@ -588,7 +589,7 @@ impl<A: Aggregate> Processor<A> {
             // Nothing of an earlier ownership is in flight (a revocation waits for it), so
             // a fence a failed commit left on the lane can go, and a failed producer is
             // rebuilt.
-            if let Err(e) = self.log.resume(p).await
+            if let Err(e) = async { self.log.require_coordination()?.resume(p).await }.await
                 && !matches!(e, eventfold_log::Error::Config(_))
             {
                 if let eventfold_log::Error::Closed(_) = e {
@@ -657,11 +658,11 @@ impl<A: Aggregate> Processor<A> {
     }
 
     /// Waits (bounded) until the transactions open on the events and state partitions
-    /// are decided (see [`Log::settle`]).
+    /// are decided (see `Coordinated::settle`).
     async fn settle(&mut self) -> Result<()> {
         let (log, p) = (self.log.clone(), self.cfg.partition);
         for topic in [self.cfg.topics.events.clone(), self.cfg.topics.state.clone()] {
-            log.settle(&topic, p).await?;
+            log.require_coordination()?.settle(&topic, p).await?;
         }
         Ok(())
     }
