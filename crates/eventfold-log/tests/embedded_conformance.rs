@@ -134,6 +134,6 @@ async fn embedded_log_has_no_coordination() {
         log.require_coordination(),
         Err(eventfold_log::Error::Config(_))
     ));
-    let (gated, _gate) = eventfold_log::testing::GatedLog::new(log);
-    assert!(gated.coordination().is_none());
+    let wrapped = eventfold_log::testing::Intercept::new(log);
+    assert!(wrapped.coordination().is_none());
 }
