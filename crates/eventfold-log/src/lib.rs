@@ -388,10 +388,10 @@ pub trait Coordinated: Send + Sync {
     /// The caller says whether only this log's commits write `topic`/`partition` from now
     /// on, its earlier records being all in the local store (`true`: the caller owns the
     /// partition and restored it), or no longer (`false`, the default state). The log
-    /// then answers a read from the end of its local copy (nothing more to read once its own commits are stored) instead of asking the
-    /// broker for the partition's end: a view that reads at the end of the events it
-    /// follows would otherwise send a request at every poll. Saying `true` wrongly makes
-    /// such reads miss other writers' records.
+    /// then answers a read from the end of its local copy (nothing more to read once its
+    /// own commits are stored) instead of asking the broker for the partition's end: a view
+    /// that reads at the end of the events it follows would otherwise send a request at
+    /// every poll. Saying `true` wrongly makes such reads miss other writers' records.
     fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool);
     /// After a failed commit: once every unit the caller started in `lane` has resolved
     /// (the later ones fail too, they were built on the failed one), lifts the fence that
