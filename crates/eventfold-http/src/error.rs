@@ -75,9 +75,7 @@ impl From<Error> for ApiError {
             ),
             Error::PartitionFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "partition_failed", None),
             Error::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "outcome_unknown", None),
-            Error::Store(eventfold_store::Error::Corrupt { .. }) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", None)
-            }
+            Error::Corrupt { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", None),
             Error::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_error", None),
             Error::Log(_) => (StatusCode::INTERNAL_SERVER_ERROR, "commit_failed", None),
             Error::UnknownView(_) => (StatusCode::NOT_FOUND, "unknown_view", None),

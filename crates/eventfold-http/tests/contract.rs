@@ -10,7 +10,7 @@ use eventfold_http::HttpOptions;
 use eventfold_log::Log;
 use eventfold_log::embedded::{EmbeddedLog, Options};
 use eventfold_log::kafka::{KafkaLog, KafkaOptions};
-use eventfold_log::testing::GatedLog;
+use eventfold_log::testing::Intercept;
 use eventfold_runtime::{Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
 use futures_util::StreamExt;
@@ -641,7 +641,7 @@ async fn restoring_partitions_show_in_readyz_and_get_503_past_the_queue_bound() 
         },
         1,
         |log| {
-            let (gated, g) = GatedLog::new(log);
+            let (gated, g) = Intercept::new(log).gate_end_offsets();
             *gate.lock().unwrap() = Some(g);
             Arc::new(gated)
         },

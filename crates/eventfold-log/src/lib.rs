@@ -5,7 +5,9 @@
 //! local store changes that go with them. A unit is atomic: all of it becomes durable and
 //! visible, or none of it. The embedded backend ([`embedded::EmbeddedLog`]) makes a unit
 //! one fsynced fjall batch; the Kafka backend makes it one Kafka transaction followed by
-//! the local store write.
+//! the local store write. What only a log shared by several instances can do (consumer
+//! groups, fencing, resume, follow) is the separate [`Coordinated`] trait, reached through
+//! [`Log::coordination`].
 //!
 //! [`conformance`] is the test suite every backend must pass.
 //!
@@ -248,7 +250,16 @@ impl Counters {
 /// The pending result of [`Log::commit`].
 pub type CommitFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Receipt>> + Send + 'static>>;
 
-/// A partitioned, append-only log with atomic commit units.
+/// A partitioned, append-only log with atomic commit units: what every backend does.
+///
+/// **Two traits.** [`Log`] is what a single writer needs and every backend implements:
+/// commit units, local writes, reads, ends, consumed offsets, sends, counters. What only
+/// a log shared by several instances has (consumer groups that hand partitions from one
+/// instance to another, fencing and resuming after a failed commit, waiting for commits
+/// others already see, pushed reads, topic provisioning) is [`Coordinated`], which a
+/// caller asks for explicitly with [`Log::coordination`]: the Kafka log has it, the
+/// embedded log (one process owns every partition) does not. A wrapper forwards it in one
+/// line: `fn coordination(&self) -> Option<&dyn Coordinated> { self.inner.coordination() }`.
 #[async_trait]
 pub trait Log: Send + Sync + 'static {
     /// Backend name for logs and metrics (`embedded`, `kafka`).
@@ -312,63 +323,8 @@ pub trait Log: Send + Sync + 'static {
     fn units_in_flight(&self) -> usize {
         4
     }
-    /// Whether the local store is only a cache of this log (Kafka: another machine may
-    /// take over with an empty store). Then writers also append their state and command
-    /// outcomes to changelog topics, and restore the store from them before they run.
-    fn store_is_cache(&self) -> bool {
-        false
-    }
     /// The committed consume offset of `group` for `topic`/`partition`.
     async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>>;
-    /// Waits (a bounded time: 5 s in the Kafka log) until every commit that others may
-    /// already see is in the local store too, so that a read of the store made next
-    /// sees every write acknowledged anywhere before this call. Kafka: a transaction is
-    /// visible (another instance may answer its outcome from the results topic) before
-    /// the committer writes it to the local store. Logs that write both at once return at
-    /// once.
-    async fn applied(&self) {}
-    /// Waits (bounded by the backend's operation timeout) until every transaction that had
-    /// written to `topic`/`partition` when this was called is decided, so that the end
-    /// offset taken next covers all of them: a partition's new owner calls it before it
-    /// restores, lest a previous owner's last commit, not yet marked, be left out. Returns
-    /// whether it settled in time. Logs without transactions settle at once.
-    async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
-        let _ = (topic, partition);
-        Ok(true)
-    }
-    /// The caller says whether only this log's commits write `topic`/`partition` from now
-    /// on, its earlier records being all in the local store (`true`: the caller owns the
-    /// partition and restored it), or no longer (`false`, the default state). A backend
-    /// whose store caches a remote log (Kafka) then answers a read from the end of its copy
-    /// locally (nothing more to read once its own commits are stored) instead of asking the
-    /// broker for the partition's end: a view that reads at the end of the events it
-    /// follows would otherwise send a request at every poll. Saying `true` wrongly makes
-    /// such reads miss other writers' records. Other logs ignore it.
-    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool) {
-        let _ = (topic, partition, sole);
-    }
-    /// After a failed commit: once every unit the caller started in `lane` has resolved
-    /// (the later ones fail too, they were built on the failed one), lifts the fence that
-    /// refuses the lane's partition, so the caller can restore from the committed state and
-    /// go on. Backends that stop for good after a failure (the embedded log is fail-stop:
-    /// a failed fsync leaves the disk in doubt) refuse with `Config`.
-    async fn resume(&self, lane: u32) -> Result<()> {
-        Err(Error::Config(format!(
-            "the {} log does not resume lane {lane} after a failure; restart the process",
-            self.backend()
-        )))
-    }
-    /// Follows `topic` from each `(partition, offset)` of `starts`: committed records are
-    /// delivered in offset order per partition as soon as they are committed, until the
-    /// [`Follower`] is dropped. Backends without a push path return `Config`; callers then
-    /// poll [`Log::read`].
-    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<Follower> {
-        let _ = starts;
-        Err(Error::Config(format!(
-            "the {} log cannot follow `{topic}`; poll it with read()",
-            self.backend()
-        )))
-    }
     /// Appends one record outside any commit unit and resolves with its offset once it is
     /// durable. For records that need no atomicity with anything else: a command sent to
     /// the partition's owner, an instance announcement. (Kafka: an idempotent,
@@ -386,35 +342,87 @@ pub trait Log: Send + Sync + 'static {
             .copied()
             .ok_or_else(|| Error::Closed("no offset assigned".into()))
     }
-    /// Checks, before a service starts, that `topics` can hold what it keeps in them: a
-    /// backend with a broker creates the missing ones and refuses (with `Config`, naming
+    /// The capabilities of a log shared by several instances (see [`Coordinated`]), or
+    /// `None` when this process owns every partition and its store is the only copy (the
+    /// embedded log). `Some` also says that the local store is only a cache of this log:
+    /// another instance may take a partition over with an empty store, so writers append
+    /// their state and command outcomes to changelog topics too and restore from them.
+    fn coordination(&self) -> Option<&dyn Coordinated> {
+        None
+    }
+}
+
+impl dyn Log {
+    /// [`Log::coordination`], or `Config` naming the backend for a caller that cannot do
+    /// without it (a consumer group, a follower, a resume after a failed commit).
+    pub fn require_coordination(&self) -> Result<&dyn Coordinated> {
+        self.coordination().ok_or_else(|| {
+            Error::Config(format!(
+                "the {} log is not shared (no consumer groups, followers or fencing): this process owns every partition",
+                self.backend()
+            ))
+        })
+    }
+}
+
+/// What a log shared by several instances adds to [`Log`] (Kafka): ownership of
+/// partitions through consumer groups, with zombie fencing; resuming after a failed
+/// commit; waiting until what others see is applied locally or until open transactions
+/// are decided; telling the log who alone writes a partition; pushed reads; provisioning
+/// topics. Reached through [`Log::coordination`]; a log without it is owned by one
+/// process, which owns every partition and whose store is the only copy.
+#[async_trait]
+pub trait Coordinated: Send + Sync {
+    /// Waits (a bounded time: 5 s in the Kafka log) until every commit that others may
+    /// already see is in the local store too, so that a read of the store made next
+    /// sees every write acknowledged anywhere before this call. Kafka: a transaction is
+    /// visible (another instance may answer its outcome from the results topic) before
+    /// the committer writes it to the local store.
+    async fn applied(&self);
+    /// Waits (bounded by the backend's operation timeout) until every transaction that had
+    /// written to `topic`/`partition` when this was called is decided, so that the end
+    /// offset taken next covers all of them: a partition's new owner calls it before it
+    /// restores, lest a previous owner's last commit, not yet marked, be left out. Returns
+    /// whether it settled in time.
+    async fn settle(&self, topic: &str, partition: u32) -> Result<bool>;
+    /// The caller says whether only this log's commits write `topic`/`partition` from now
+    /// on, its earlier records being all in the local store (`true`: the caller owns the
+    /// partition and restored it), or no longer (`false`, the default state). The log
+    /// then answers a read from the end of its local copy (nothing more to read once its
+    /// own commits are stored) instead of asking the broker for the partition's end: a view
+    /// that reads at the end of the events it follows would otherwise send a request at
+    /// every poll. Saying `true` wrongly makes such reads miss other writers' records.
+    fn set_sole_writer(&self, topic: &str, partition: u32, sole: bool);
+    /// After a failed commit: once every unit the caller started in `lane` has resolved
+    /// (the later ones fail too, they were built on the failed one), lifts the fence that
+    /// refuses the lane's partition, so the caller can restore from the committed state and
+    /// go on. (A log without coordination stops for good after a failure: the embedded log
+    /// is fail-stop, a failed fsync leaves the disk in doubt.)
+    async fn resume(&self, lane: u32) -> Result<()>;
+    /// Follows `topic` from each `(partition, offset)` of `starts`: committed records are
+    /// delivered in offset order per partition as soon as they are committed, until the
+    /// [`Follower`] is dropped. Logs without coordination have no push path: poll
+    /// [`Log::read`].
+    fn follow(&self, topic: &str, starts: &[(u32, u64)]) -> Result<Follower>;
+    /// Checks, before a service starts, that `topics` can hold what it keeps in them:
+    /// creates the missing ones and refuses (with `Config`, naming
     /// the topic and the setting) those with another partition count or a cleanup or
     /// retention policy that would lose data. Blocking (call it off the async threads).
-    /// Backends with nothing to provision (embedded) accept every topic.
-    fn provision(&self, topics: &[Arc<str>]) -> Result<()> {
-        let _ = topics;
-        Ok(())
-    }
+    /// Logs without coordination have no topics to provision.
+    fn provision(&self, topics: &[Arc<str>]) -> Result<()>;
     /// Joins consumer group `group` as a member reading `topics` (all with the app's
     /// partition count): the group assigns each partition to one member at a time, and
     /// the [`Membership`] reports assignments, revocations and the assigned partitions'
     /// committed records. The log also commits [`Consumed`] offsets of `group` with this
     /// membership's generation, so a member the group has moved on from cannot commit
-    /// (zombie fencing). Logs with a single owner (embedded) return `Config`: the caller
-    /// owns every partition.
-    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<Membership> {
-        let _ = topics;
-        Err(Error::Config(format!(
-            "the {} log has no consumer groups (`{group}`): this process owns every partition",
-            self.backend()
-        )))
-    }
+    /// (zombie fencing). Without coordination the caller owns every partition.
+    fn join(&self, group: &str, topics: &[Arc<str>]) -> Result<Membership>;
 }
 
 /// Records of one partition of a followed topic, with their offsets.
 pub type FollowedBatch = (u32, Vec<(u64, Record)>);
 
-/// A live stream of committed records (see [`Log::follow`]).
+/// A live stream of committed records (see [`Coordinated::follow`]).
 pub struct Follower {
     rx: tokio::sync::mpsc::Receiver<Result<FollowedBatch>>,
 }
@@ -432,7 +440,7 @@ impl Follower {
     }
 }
 
-/// What a group member learns (see [`Log::join`]), in the order it happened.
+/// What a group member learns (see [`Coordinated::join`]), in the order it happened.
 #[derive(Debug)]
 pub enum GroupEvent {
     /// Partitions now assigned to this member; each with the epoch that the records
@@ -490,7 +498,7 @@ impl Drop for RevokeAck {
     }
 }
 
-/// Operations on a running membership, callable from anywhere (see [`Log::join`]).
+/// Operations on a running membership, callable from anywhere (see [`Coordinated::join`]).
 pub trait MemberControl: Send + Sync + 'static {
     /// Moves the fetch position of an assigned partition to `offset` (e.g. back to the
     /// committed offset after a failed transaction) and returns the partition's new epoch:
@@ -508,7 +516,7 @@ pub trait MemberControl: Send + Sync + 'static {
     fn resume(&self, _topic: &str, _partition: u32) {}
 }
 
-/// A member of a consumer group (see [`Log::join`]); leaves the group when dropped.
+/// A member of a consumer group (see [`Coordinated::join`]); leaves the group when dropped.
 pub struct Membership {
     rx: tokio::sync::mpsc::Receiver<GroupEvent>,
     control: Arc<dyn MemberControl>,

@@ -120,3 +120,20 @@ async fn embedded_offsets_are_contiguous_from_zero() {
     assert_eq!(all, (0..15).collect::<Vec<u64>>());
     assert_eq!(log.end_offset(&t, 1).await.unwrap(), 15);
 }
+
+/// Beyond the suite: one process owns every partition of the embedded log, so it has no
+/// coordination (no consumer groups, fencing or followers) and its store is the only copy;
+/// a caller that needs coordination gets `Config`, through a wrapper too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_log_has_no_coordination() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let log: Arc<dyn Log> = Arc::new(EmbeddedLog::open(store, Options::default()).unwrap());
+    assert!(log.coordination().is_none());
+    assert!(matches!(
+        log.require_coordination(),
+        Err(eventfold_log::Error::Config(_))
+    ));
+    let wrapped = eventfold_log::testing::Intercept::new(log);
+    assert!(wrapped.coordination().is_none());
+}

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use eventfold_log::conformance::{Factory, run_all};
 use eventfold_log::kafka::{KafkaLog, KafkaOptions};
-use eventfold_log::{Append, CommitUnit, Error, Log};
+use eventfold_log::{Append, CommitUnit, Coordinated, Error, Log};
 use eventfold_store::{Store, StoreOptions};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};

@@ -268,7 +268,7 @@ impl Registry {
         let topic: Arc<str> = Arc::from(instances_topic(app_id));
         let partitions = log.partitions();
         let starts: Vec<(u32, u64)> = (0..partitions).map(|p| (p, 0)).collect();
-        let follower = log.follow(&topic, &starts)?;
+        let follower = log.require_coordination()?.follow(&topic, &starts)?;
         let now = SystemClock.now_ms();
         let inner = Arc::new(Inner {
             partition: partition_for(instance_id.as_bytes(), partitions),
@@ -479,7 +479,7 @@ async fn follow_loop(inner: Arc<Inner>, mut follower: Follower, starts: Vec<(u32
             tokio::time::sleep(REFOLLOW_DELAY).await;
             let (log, topic) = (inner.log.clone(), inner.topic.clone());
             let starts: Vec<(u32, u64)> = next.iter().map(|(p, o)| (*p, *o)).collect();
-            match tokio::task::spawn_blocking(move || log.follow(&topic, &starts)).await {
+            match tokio::task::spawn_blocking(move || log.require_coordination()?.follow(&topic, &starts)).await {
                 Ok(Ok(f)) => {
                     follower = f;
                     break;

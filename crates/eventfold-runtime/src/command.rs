@@ -106,12 +106,10 @@ pub enum PartitionState {
 /// Converts a stored event record to the API shape; a record that does not decode is
 /// reported as corrupt, naming where it is.
 pub(crate) fn event_view(topic: &str, e: &EntityEvent) -> Result<EventView> {
-    let corrupt = |reason: &str| {
-        Error::Store(eventfold_store::Error::Corrupt {
-            table: "log",
-            key: format!("{topic}/{}@{}", e.partition, e.offset),
-            reason: reason.to_owned(),
-        })
+    let corrupt = |reason: &str| Error::Corrupt {
+        table: "log",
+        key: format!("{topic}/{}@{}", e.partition, e.offset),
+        reason: reason.to_owned(),
     };
     let r = &e.record;
     let payload = std::str::from_utf8(&r.value)

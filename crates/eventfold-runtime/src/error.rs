@@ -60,9 +60,21 @@ pub enum Error {
     /// No outcome in time; retrying with the same idempotency key is safe (504).
     #[error("no outcome within {0:?}; retry with the same Idempotency-Key to get the outcome")]
     Timeout(Duration),
-    /// Storage failed or holds a corrupt record (500).
+    /// A stored record is corrupt (500): it failed the store's checksum, or what it holds
+    /// (an event, a state, a view row) does not decode. The partition or view that meets
+    /// it stops.
+    #[error("corrupt record in table `{table}` at key {key}: {reason}")]
+    Corrupt {
+        /// The store table, e.g. `log`, `state`, `process`.
+        table: &'static str,
+        /// The record's key; a log record's as `topic/partition@offset`.
+        key: String,
+        /// What failed (checksum, framing or decoding).
+        reason: String,
+    },
+    /// Storage failed (500); a corrupt record is [`Error::Corrupt`] instead.
     #[error(transparent)]
-    Store(#[from] eventfold_store::Error),
+    Store(eventfold_store::Error),
     /// The log failed to commit (500); nothing of the batch was written.
     #[error(transparent)]
     Log(#[from] eventfold_log::Error),
@@ -109,6 +121,17 @@ pub enum Error {
         /// The error, as text.
         reason: String,
     },
+}
+
+impl From<eventfold_store::Error> for Error {
+    /// The store's corrupt records become [`Error::Corrupt`], so that callers above the
+    /// runtime tell them apart without knowing the store's error type.
+    fn from(e: eventfold_store::Error) -> Self {
+        match e {
+            eventfold_store::Error::Corrupt { table, key, reason } => Error::Corrupt { table, key, reason },
+            e => Error::Store(e),
+        }
+    }
 }
 
 /// Result alias of eventfold-runtime.

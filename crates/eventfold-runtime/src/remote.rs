@@ -223,7 +223,9 @@ async fn follow(
 ) {
     let mut follower = loop {
         let attempt = match log.end_offset(&topic, partition).await {
-            Ok(end) => log.follow(&topic, &[(partition, end)]),
+            Ok(end) => log
+                .require_coordination()
+                .and_then(|c| c.follow(&topic, &[(partition, end)])),
             Err(e) => Err(e),
         };
         match attempt {

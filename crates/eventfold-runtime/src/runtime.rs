@@ -160,7 +160,8 @@ impl RuntimeBuilder {
     /// Every topic of the aggregates registered so far (`<app>.<type>.{commands, events,
     /// state, results}`), of the process managers (`<app>.<name>.state`) and the other
     /// apps' events topics they read (checked for the partition count like the others),
-    /// for [`Log::provision`] before [`RuntimeBuilder::build`].
+    /// for [`Coordinated::provision`](eventfold_log::Coordinated::provision) before
+    /// [`RuntimeBuilder::build`].
     pub fn topics(&self) -> Vec<Arc<str>> {
         let app = &self.options.app_id;
         self.topic_sets()
@@ -185,14 +186,15 @@ impl RuntimeBuilder {
 
     /// Starts every processor on the current tokio runtime.
     ///
-    /// In Kafka mode (a log whose store is a cache) the instance joins the consumer group
-    /// `app_id` for every commands topic: partitions start unowned and are restored when
-    /// the group assigns them; commands for partitions owned elsewhere go to their owner
-    /// through the commands topic. Call [`Log::provision`] with [`RuntimeBuilder::topics`]
-    /// first to refuse, at start, topics that cannot hold what the runtime keeps in them
+    /// In Kafka mode (a log with [`Log::coordination`]) the instance joins the consumer
+    /// group `app_id` for every commands topic: partitions start unowned and are restored
+    /// when the group assigns them; commands for partitions owned elsewhere go to their
+    /// owner through the commands topic. Call
+    /// [`Coordinated::provision`](eventfold_log::Coordinated::provision) with
+    /// [`RuntimeBuilder::topics`] first to refuse, at start, topics that cannot hold what the runtime keeps in them
     /// (the shop exits then); the runtime itself retries what fails later.
     pub fn build(self, log: Arc<dyn Log>) -> Runtime {
-        let grouped = log.store_is_cache();
+        let grouped = log.coordination().is_some();
         let topics = self.topic_sets();
         let grouping = Grouping {
             grouped,
@@ -297,7 +299,7 @@ async fn join_group(
     let topics: Vec<Arc<str>> = members.keys().cloned().collect();
     let membership = loop {
         let (l, g, t) = (log.clone(), options.app_id.clone(), topics.clone());
-        match tokio::task::spawn_blocking(move || l.join(&g, &t)).await {
+        match tokio::task::spawn_blocking(move || l.require_coordination()?.join(&g, &t)).await {
             Ok(Ok(m)) => break m,
             Ok(Err(e)) => {
                 tracing::error!(group = %options.app_id, error = %e, "cannot join the consumer group; retrying");
@@ -598,7 +600,7 @@ impl Runtime {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{backend=\"{backend}\"}} {value}"
             );
         }
-        if backend == "kafka" {
+        if self.inner.log.coordination().is_some() {
             let name = "eventfold_log_transaction_stage_seconds_total";
             let _ = writeln!(
                 out,

@@ -91,6 +91,15 @@ pub fn check_id(id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Waits until every write acknowledged anywhere before now is in the local store too
+/// ([`Coordinated::applied`](eventfold_log::Coordinated::applied)): a log without
+/// coordination writes its store as it commits.
+async fn applied(log: &dyn Log) {
+    if let Some(c) = log.coordination() {
+        c.applied().await;
+    }
+}
+
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > 256 || !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(Error::BadRequest(
@@ -237,7 +246,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
     async fn state(&self, id: &str) -> Result<Option<StateView>> {
         check_id(id)?;
         // Every write acknowledged anywhere before this read is in the store (Kafka).
-        self.log.applied().await;
+        applied(&*self.log).await;
         let Some((version, state)) = snapshot::load::<A>(self.log.store(), &self.topics.events, id)? else {
             return Ok(None);
         };
@@ -250,7 +259,7 @@ impl<A: Aggregate> AggregateService for TypedService<A> {
 
     async fn events(&self, id: &str, from_version: u64, max: usize) -> Result<Vec<EventView>> {
         check_id(id)?;
-        self.log.applied().await;
+        applied(&*self.log).await;
         let rows = self
             .log
             .store()

@@ -7,7 +7,7 @@
 //! `<topic>:<partition>:<offset>`).
 //!
 //! Ownership is the consumer group's: one member per instance reads every aggregate
-//! type's commands topic ([`Log::join`](eventfold_log::Log::join)); the dispatcher here
+//! type's commands topic ([`Coordinated::join`](eventfold_log::Coordinated::join)); the dispatcher here
 //! turns its assignments and revocations into processor [`Control`]s and its records
 //! into jobs. Records go through one lane per partition (a task of its own), so a
 //! processor that is not taking records (restoring, recovering) never holds up the

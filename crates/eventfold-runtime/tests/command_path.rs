@@ -5,7 +5,7 @@ use eventfold_core::testing::{Counter, CounterEvent};
 use eventfold_core::{Aggregate, Outcome};
 use eventfold_log::Log;
 use eventfold_log::embedded::{EmbeddedLog, Options};
-use eventfold_log::testing::GatedLog;
+use eventfold_log::testing::Intercept;
 use eventfold_runtime::{CommandRequest, Error, ManualClock, PartitionState, Runtime, RuntimeOptions};
 use eventfold_store::{Store, StoreOptions};
 use std::collections::{BTreeMap, HashSet};
@@ -193,7 +193,7 @@ async fn dedup_records_expire_after_the_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_wait_for_the_restore_barrier_and_overflow_gets_restoring() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, gate) = GatedLog::new(embedded(&dir, 1));
+    let (log, gate) = Intercept::new(embedded(&dir, 1)).gate_end_offsets();
     let log = Arc::new(log);
     let options = RuntimeOptions {
         restore_queue_limit: 2,
@@ -351,58 +351,40 @@ async fn states_are_stored_every_few_versions_and_loads_fold_the_events_after_th
     assert!(err.contains("event 10 of counter/a does not decode"), "{err}");
 }
 
-/// A log that holds back the answer of every commit until the test releases it, and
-/// counts how many are under way: what a processor keeps in flight.
-struct HeldCommits {
-    inner: Arc<dyn Log>,
-    units: usize,
+/// What a test sees of a log whose commits are held (see [`held_commits`]): how many are
+/// under way, the most at once, and the permits that release them one each.
+struct Held {
     outstanding: Arc<std::sync::atomic::AtomicUsize>,
     most: Arc<std::sync::atomic::AtomicUsize>,
     release: Arc<tokio::sync::Semaphore>,
 }
 
-#[async_trait::async_trait]
-impl Log for HeldCommits {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn partitions(&self) -> u32 {
-        self.inner.partitions()
-    }
-    fn store(&self) -> &Store {
-        self.inner.store()
-    }
-    fn units_in_flight(&self) -> usize {
-        self.units
-    }
-    fn commit(&self, unit: eventfold_log::CommitUnit) -> eventfold_log::CommitFuture {
-        use std::sync::atomic::Ordering::SeqCst;
-        let now = self.outstanding.fetch_add(1, SeqCst) + 1;
-        self.most.fetch_max(now, SeqCst);
-        let committed = self.inner.commit(unit);
-        let (outstanding, release) = (self.outstanding.clone(), self.release.clone());
-        Box::pin(async move {
-            release.acquire().await.expect("never closed").forget();
-            let receipt = committed.await;
-            outstanding.fetch_sub(1, SeqCst);
-            receipt
-        })
-    }
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> eventfold_log::Result<Vec<(u64, eventfold_core::Record)>> {
-        self.inner.read(topic, partition, from, max).await
-    }
-    async fn end_offset(&self, topic: &str, partition: u32) -> eventfold_log::Result<u64> {
-        self.inner.end_offset(topic, partition).await
-    }
-    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> eventfold_log::Result<Option<u64>> {
-        self.inner.committed_offset(group, topic, partition).await
-    }
+/// `inner` with the answer of every commit held back until the test releases it, counting
+/// how many are under way (what a processor keeps in flight); it says `units` for
+/// `units_in_flight`.
+fn held_commits(inner: Arc<dyn Log>, units: usize) -> (Intercept, Held) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let held = Held {
+        outstanding: Default::default(),
+        most: Default::default(),
+        release: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let (outstanding, most, release) = (held.outstanding.clone(), held.most.clone(), held.release.clone());
+    let log = Intercept::new(inner)
+        .units_in_flight(units)
+        .on_commit(move |inner, unit| {
+            let now = outstanding.fetch_add(1, SeqCst) + 1;
+            most.fetch_max(now, SeqCst);
+            let committed = inner.commit(unit);
+            let (outstanding, release) = (outstanding.clone(), release.clone());
+            Box::pin(async move {
+                release.acquire().await.expect("never closed").forget();
+                let receipt = committed.await;
+                outstanding.fetch_sub(1, SeqCst);
+                receipt
+            })
+        });
+    (log, held)
 }
 
 /// Submits commands one at a time to a partition whose commits are held until the last
@@ -411,20 +393,14 @@ impl Log for HeldCommits {
 async fn most_commits_under_way(units: usize, max_inflight_commits: Option<usize>) -> usize {
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
-    let held = HeldCommits {
-        inner: embedded(&dir, 1),
-        units,
-        outstanding: Default::default(),
-        most: Default::default(),
-        release: Arc::new(tokio::sync::Semaphore::new(0)),
-    };
-    let (most, release) = (held.most.clone(), held.release.clone());
+    let (log, held) = held_commits(embedded(&dir, 1), units);
+    let (most, release) = (held.most, held.release);
     let rt = Runtime::builder(RuntimeOptions {
         max_inflight_commits,
         ..Default::default()
     })
     .aggregate::<Counter>(())
-    .build(Arc::new(held));
+    .build(Arc::new(log));
     let svc = rt.aggregate("counter").unwrap().clone();
     let mut tasks = Vec::new();
     for i in 0..12 {
@@ -462,20 +438,14 @@ async fn the_aggregate_cache_keeps_its_limit_while_commits_are_always_under_way(
     // ever finishes with nothing behind it; 200 new aggregates pass through a cache of 10.
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
-    let held = HeldCommits {
-        inner: embedded(&dir, 1),
-        units: 4,
-        outstanding: Default::default(),
-        most: Default::default(),
-        release: Arc::new(tokio::sync::Semaphore::new(0)),
-    };
-    let (outstanding, release) = (held.outstanding.clone(), held.release.clone());
+    let (log, held) = held_commits(embedded(&dir, 1), 4);
+    let (outstanding, release) = (held.outstanding, held.release);
     let rt = Runtime::builder(RuntimeOptions {
         cache_limit: 10,
         ..Default::default()
     })
     .aggregate::<Counter>(())
-    .build(Arc::new(held));
+    .build(Arc::new(log));
     let svc = rt.aggregate("counter").unwrap().clone();
     let under_way = |n: usize| {
         let outstanding = outstanding.clone();

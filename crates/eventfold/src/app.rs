@@ -373,7 +373,10 @@ impl<F: Args + Send + Sync + 'static> App<F> {
         // Kafka mode: every topic is created or checked now, so that one with another
         // partition count or a policy that would lose data stops the start, with the reason.
         let topics = builder.topics();
-        tokio::task::block_in_place(|| log.provision(&topics)).context("the app's Kafka topics cannot be used")?;
+        if let Some(coordinated) = log.coordination() {
+            tokio::task::block_in_place(|| coordinated.provision(&topics))
+                .context("the app's Kafka topics cannot be used")?;
+        }
         let runtime = builder.build(log);
         let http = HttpOptions {
             max_body_bytes: opts.max_body_bytes,

@@ -71,7 +71,7 @@ fn shop_on_kafka_is_exactly_once_and_restores_on_an_empty_data_directory() {
         assert!(seconds > 0.0, "{stage}: {seconds} s");
     }
     // The views at the end of partitions this instance owns and restored read its local
-    // copy (`Log::set_sole_writer`): idle, they ask the broker nothing. (Before, each view
+    // copy (`Coordinated::set_sole_writer`): idle, they ask the broker nothing. (Before, each view
     // partition sent a ListOffsets at every poll: about 10 a second from an idle shop.)
     let broker_requests = || -> u64 {
         get_text(&url, "/metrics")

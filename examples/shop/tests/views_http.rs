@@ -9,7 +9,7 @@ use eventfold::core::Position;
 use eventfold::core::projection::Event;
 use eventfold::core::time::rfc3339_ms;
 use eventfold::http::HttpOptions;
-use eventfold::log::testing::SlowReads;
+use eventfold::log::testing::Intercept;
 use eventfold::runtime::{ManualClock, Runtime, RuntimeOptions, ViewOptions};
 use eventfold::store::{Store, StoreOptions};
 use eventfold::{Index, Projection, Scope, ViewChanges};
@@ -850,7 +850,7 @@ fn readyz_reports_a_view_catching_up_then_ready() {
         let log = common::test_log(dir.path());
         // Each read of the new view's catch-up takes 100 ms and brings 4 events: about
         // 30 events per partition take more than half a second.
-        let log = SlowReads::new(Arc::new(log), Duration::from_millis(100));
+        let log = Intercept::new(Arc::new(log)).slow_reads(Duration::from_millis(100));
         let runtime = Runtime::builder(RuntimeOptions {
             app_id: "shop".into(),
             ..Default::default()
@@ -1069,7 +1069,7 @@ fn runtime_with(
 ) -> Runtime {
     let log = common::test_log(dir);
     let log: Arc<dyn eventfold::log::Log> = match slow {
-        Some(d) => Arc::new(SlowReads::new(Arc::new(log), d)),
+        Some(d) => Arc::new(Intercept::new(Arc::new(log)).slow_reads(d)),
         None => Arc::new(log),
     };
     let builder = Runtime::builder(RuntimeOptions {

@@ -41,7 +41,7 @@ pub(super) struct Clients {
     meta_uncommitted: BaseConsumer<Quiet>,
     readers: Mutex<Vec<BaseConsumer<Quiet>>>,
     groups: Mutex<HashMap<String, Arc<BaseConsumer<Quiet>>>>,
-    /// Groups this log joined (`Log::join`): their member's metadata goes into transactions.
+    /// Groups this log joined (`Coordinated::join`): their member's metadata goes into transactions.
     joined: Mutex<HashMap<String, Arc<super::member::Control>>>,
     sender: Mutex<Option<Arc<FutureProducer>>>,
 }

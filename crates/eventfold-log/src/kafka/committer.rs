@@ -36,7 +36,7 @@ pub(in crate::kafka) struct Job {
     reply: Reply,
     /// The unit's lane (`CommitUnit::lane`): the partition whose writer built it.
     lane: Option<u32>,
-    /// Not a unit: lift the fence of this partition (see `Log::resume`).
+    /// Not a unit: lift the fence of this partition (see `Coordinated::resume`).
     resume: Option<u32>,
     /// When the unit was handed to the committer (`KafkaOptions::transaction_quiet`).
     queued: Instant,
@@ -262,7 +262,7 @@ pub(in crate::kafka) struct Committer {
     fenced: HashMap<TopicPartition, String>,
     /// Taken just before a transaction's commit, dropped once its group is in the local
     /// store (or failed): others may see the transaction before the apply thread writes it to
-    /// the local store, and local reads wait for it (`Log::applied`). `finish` hands it to
+    /// the local store, and local reads wait for it (`Coordinated::applied`). `finish` hands it to
     /// the apply thread with the group.
     applying: std::cell::Cell<Option<ApplyTicket>>,
     /// Hands committed groups to the apply thread (see `Applier`).

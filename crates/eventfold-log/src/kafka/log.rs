@@ -1,7 +1,7 @@
 //! The Kafka log itself (see the module docs of [`crate::kafka`]).
 
 use super::*;
-use crate::{CommitFuture, CommitUnit, Error, Log, Result};
+use crate::{CommitFuture, CommitUnit, Coordinated, Error, Log, Result};
 use async_trait::async_trait;
 use clients::Clients;
 use eventfold_core::{Record, RecordRef};
@@ -140,7 +140,8 @@ impl KafkaLog {
     /// `read_committed` reads, end offsets and the local `store`, but no producer, no
     /// transaction, no group membership and no topic creation, so a running instance
     /// with the same transactional id is not fenced. [`Log::commit`], [`Log::send`],
-    /// [`Log::join`] and [`Log::resume`] refuse. Blocks while it checks the broker.
+    /// [`Coordinated::join`] and [`Coordinated::resume`] refuse. Blocks while it checks the
+    /// broker.
     pub fn open_reader(options: KafkaOptions, store: Store) -> Result<Self> {
         options.validate()?;
         claim_store(&store, options.partitions)?;
@@ -273,10 +274,6 @@ impl Log for KafkaLog {
         "kafka"
     }
 
-    fn store_is_cache(&self) -> bool {
-        true
-    }
-
     fn units_in_flight(&self) -> usize {
         UNITS_IN_FLIGHT
     }
@@ -358,6 +355,50 @@ impl Log for KafkaLog {
         self.blocking(move |s| s.end_offset(&topic, partition)).await
     }
 
+    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
+        self.shared.check_partition(topic, partition)?;
+        let (group, topic) = (group.to_owned(), topic.to_owned());
+        self.blocking(move |s| s.committed_offset(&group, &topic, partition))
+            .await
+    }
+
+    async fn send(&self, append: crate::Append) -> Result<u64> {
+        self.refuse_writes("sends")?;
+        self.shared.check_partition(&append.topic, append.partition)?;
+        let topic = append.topic.clone();
+        self.blocking(move |s| s.provisioner.ensure(&topic)).await?;
+        let producer = self.shared.clients.sender()?;
+        let r = &append.record;
+        let headers = common::kafka_headers(r);
+        let mut record = FutureRecord::<[u8], [u8]>::to(&append.topic)
+            .partition(append.partition as i32)
+            .key(&r.key[..])
+            .headers(headers)
+            .timestamp(r.timestamp_ms);
+        // An empty value is a null payload: a tombstone, which compaction removes.
+        if !r.value.is_empty() {
+            record = record.payload(&r.value[..]);
+        }
+        match producer.send(record, self.shared.options.operation_timeout).await {
+            Ok(delivery) => Ok(delivery.offset as u64),
+            Err((e, _)) => Err(common::kafka_error(
+                &format!("cannot send a record to {}/{}", append.topic, append.partition),
+                e,
+            )),
+        }
+    }
+
+    fn coordination(&self) -> Option<&dyn Coordinated> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Coordinated for KafkaLog {
+    async fn applied(&self) {
+        self.shared.applying.wait(APPLIED_WAIT).await;
+    }
+
     async fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
         self.shared.check_partition(topic, partition)?;
         let topic = topic.to_owned();
@@ -370,17 +411,6 @@ impl Log for KafkaLog {
             true => set.insert((Arc::from(topic), partition)),
             false => set.remove(&(Arc::from(topic), partition)),
         };
-    }
-
-    async fn applied(&self) {
-        self.shared.applying.wait(APPLIED_WAIT).await;
-    }
-
-    async fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
-        self.shared.check_partition(topic, partition)?;
-        let (group, topic) = (group.to_owned(), topic.to_owned());
-        self.blocking(move |s| s.committed_offset(&group, &topic, partition))
-            .await
     }
 
     async fn resume(&self, lane: u32) -> Result<()> {
@@ -435,32 +465,6 @@ impl Log for KafkaLog {
             }
         });
         self.shared.clients.join(group, topics, on_fatal)
-    }
-
-    async fn send(&self, append: crate::Append) -> Result<u64> {
-        self.refuse_writes("sends")?;
-        self.shared.check_partition(&append.topic, append.partition)?;
-        let topic = append.topic.clone();
-        self.blocking(move |s| s.provisioner.ensure(&topic)).await?;
-        let producer = self.shared.clients.sender()?;
-        let r = &append.record;
-        let headers = common::kafka_headers(r);
-        let mut record = FutureRecord::<[u8], [u8]>::to(&append.topic)
-            .partition(append.partition as i32)
-            .key(&r.key[..])
-            .headers(headers)
-            .timestamp(r.timestamp_ms);
-        // An empty value is a null payload: a tombstone, which compaction removes.
-        if !r.value.is_empty() {
-            record = record.payload(&r.value[..]);
-        }
-        match producer.send(record, self.shared.options.operation_timeout).await {
-            Ok(delivery) => Ok(delivery.offset as u64),
-            Err((e, _)) => Err(common::kafka_error(
-                &format!("cannot send a record to {}/{}", append.topic, append.partition),
-                e,
-            )),
-        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Consumer-group membership ([`Log::join`](crate::Log::join)): a `read_committed` consumer
+//! Consumer-group membership ([`Coordinated::join`](crate::Coordinated::join)): a `read_committed` consumer
 //! subscribed to the input topics with the cooperative-sticky assignor, polled by a thread
 //! of its own. Its rebalance callbacks report assignments and revocations; a revocation
 //! blocks the callback (so the group waits) until the runtime has finished the in-flight

@@ -44,7 +44,8 @@
 //! catching up after a restore reads the copy the restore just made. A read just past the
 //! copy that this log's own commits cover waits (bounded) for the apply thread to store
 //! them, rather than fetching them from the broker. On a partition the runtime owns and
-//! restored ([`Log::set_sole_writer`]) nothing else is written, so a read past the copy
+//! restored ([`Coordinated::set_sole_writer`](crate::Coordinated::set_sole_writer))
+//! nothing else is written, so a read past the copy
 //! and past this log's commits answers "nothing yet" without a request: a view that
 //! polls the end of its source would otherwise send a `ListOffsets` and often a fetch
 //! (the offset after the copy is usually the last transaction's marker). Other reads use

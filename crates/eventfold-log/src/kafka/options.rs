@@ -41,7 +41,7 @@ pub struct KafkaOptions {
     /// Bound on every blocking broker call (init, offsets, commit, abort, metadata,
     /// offset queries) and on each read.
     pub operation_timeout: Duration,
-    /// `session.timeout.ms` of group members ([`Log::join`](crate::Log::join)): how long the group waits
+    /// `session.timeout.ms` of group members ([`Coordinated::join`](crate::Coordinated::join)): how long the group waits
     /// for a silent member before it moves the member's partitions to others.
     pub session_timeout: Duration,
     /// Configs of created topics.
@@ -120,7 +120,7 @@ pub struct Faults {
     /// to answer in time), and the count drops by one.
     pub commit_timeouts: Arc<AtomicU64>,
     /// Milliseconds the apply thread waits between a transaction's commit and its local
-    /// store write (0: none): widens the window [`Log::applied`](crate::Log::applied) closes.
+    /// store write (0: none): widens the window [`Coordinated::applied`](crate::Coordinated::applied) closes.
     pub local_write_delay_ms: Arc<AtomicU64>,
     /// While positive, each local store write of a committed group fails (after the
     /// delay above), and the count drops by one.

@@ -35,13 +35,13 @@ pub(super) struct Shared {
     /// The log's counters (the committers count commits, readers their broker requests).
     pub(super) stats: Arc<Stats>,
     /// Partitions only this log writes now, its store holding their earlier records
-    /// ([`Log::set_sole_writer`](crate::Log::set_sole_writer)).
+    /// ([`Coordinated::set_sole_writer`](crate::Coordinated::set_sole_writer)).
     pub(super) sole: Mutex<std::collections::HashSet<TopicPartition>>,
 }
 
 /// The commit groups whose transaction others may already see (another instance answers
 /// a command's outcome from the results topic once the transaction commits) while the
-/// committer has not yet written it to the local store: [`Log::applied`](crate::Log::applied) waits for the
+/// committer has not yet written it to the local store: [`Coordinated::applied`](crate::Coordinated::applied) waits for the
 /// ones that began before it was called.
 #[derive(Default)]
 pub(super) struct Applying {
@@ -139,7 +139,7 @@ impl Shared {
     }
 
     /// Whether a read from `from` of `topic`/`partition`, beyond what the local cache holds,
-    /// has nothing to find: only this log writes the partition ([`Log::set_sole_writer`](crate::Log::set_sole_writer)),
+    /// has nothing to find: only this log writes the partition ([`Coordinated::set_sole_writer`](crate::Coordinated::set_sole_writer)),
     /// its own commits there end at or before `from` (the cache holds them) and the log is
     /// not stopped. Offsets past the cache are then only transaction markers.
     pub(super) fn nothing_beyond(&self, topic: &str, partition: u32, from: u64) -> bool {
@@ -183,7 +183,7 @@ impl Shared {
     }
 
     /// Waits until the LSO reaches the high watermark taken now: every transaction open on
-    /// the partition at this instant is decided (see [`Log::settle`](crate::Log::settle)).
+    /// the partition at this instant is decided (see [`Coordinated::settle`](crate::Coordinated::settle)).
     pub(super) fn settle(&self, topic: &str, partition: u32) -> Result<bool> {
         self.check_partition(topic, partition)?;
         self.provisioner.ensure(topic)?;

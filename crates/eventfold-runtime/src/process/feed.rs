@@ -1,7 +1,8 @@
 //! Kafka mode: a process manager's source events, pushed by followers
-//! ([`Log::follow`]) instead of read partition by partition: a read of a partition this
-//! instance does not own asks the broker each time (its end, then a fetch), which for
-//! every source partition at every poll was too slow and too many requests.
+//! ([`Coordinated::follow`](eventfold_log::Coordinated::follow)) instead of read partition
+//! by partition: a read of a partition this instance does not own asks the broker each
+//! time (its end, then a fetch), which for every source partition at every poll was too
+//! slow and too many requests.
 
 use eventfold_core::Record;
 use eventfold_log::Log;
@@ -43,7 +44,7 @@ impl Feed {
                 .map(|(_, p, next)| (*p, *next))
                 .collect();
             let (l, t) = (log.clone(), topic.clone());
-            let mut follower = tokio::task::spawn_blocking(move || l.follow(&t, &starts))
+            let mut follower = tokio::task::spawn_blocking(move || l.require_coordination()?.follow(&t, &starts))
                 .await
                 .map_err(|e| format!("the follow task failed: {e}"))?
                 .map_err(|e| format!("cannot follow {topic}: {e}"))?;

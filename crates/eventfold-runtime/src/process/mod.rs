@@ -158,12 +158,10 @@ impl ProcessService {
         let state = String::from_utf8(json)
             .ok()
             .and_then(|s| RawValue::from_string(s).ok())
-            .ok_or_else(|| {
-                Error::Store(eventfold_store::Error::Corrupt {
-                    table: "process",
-                    key: format!("{}/{key}", self.name),
-                    reason: "state is not JSON".into(),
-                })
+            .ok_or_else(|| Error::Corrupt {
+                table: "process",
+                key: format!("{}/{key}", self.name),
+                reason: "state is not JSON".into(),
             })?;
         Ok(Some(ProcessStateView {
             name: self.name.to_owned(),
@@ -244,7 +242,7 @@ fn start<P: ProcessManager>(with: StartWith<'_>, config: P::Config) -> Arc<Proce
         clock: with.clock.clone(),
         shared: Arc::new(Shared::default()),
     });
-    if with.log.store_is_cache() {
+    if with.log.coordination().is_some() {
         svc.shared.set_remote();
         let owner = owner::Owner::<P> {
             log: with.log.clone(),

@@ -40,7 +40,7 @@ impl<P: ProcessManager> Owner<P> {
         let topic = this.target.topic.clone();
         let mut membership = loop {
             let (log, group, topics) = (this.log.clone(), this.target.group.clone(), vec![topic.clone()]);
-            match tokio::task::spawn_blocking(move || log.join(&group, &topics)).await {
+            match tokio::task::spawn_blocking(move || log.require_coordination()?.join(&group, &topics)).await {
                 Ok(Ok(m)) => break m,
                 Ok(Err(e)) => {
                     tracing::warn!(process_manager = P::NAME, error = %e, "cannot join the process manager's group; retrying");
@@ -113,7 +113,9 @@ impl<P: ProcessManager> Owner<P> {
                     tracing::warn!(process_manager = P::NAME, error = %e, "process manager starts over from its changelog");
                     tokio::time::sleep(RETRY_PAUSE).await;
                     // Lifts the fence a failed transaction left on the lane.
-                    let _ = self.log.resume(self.target.lane).await;
+                    if let Some(c) = self.log.coordination() {
+                        let _ = c.resume(self.target.lane).await;
+                    }
                 }
             }
         }
@@ -124,10 +126,8 @@ impl<P: ProcessManager> Owner<P> {
     async fn restore(&self) -> Result<(), String> {
         let topic = &self.target.topic;
         let store = self.log.store().clone();
-        self.log
-            .settle(topic, 0)
-            .await
-            .map_err(|e| format!("cannot settle {topic}: {e}"))?;
+        let settled = async { self.log.require_coordination()?.settle(topic, 0).await };
+        settled.await.map_err(|e| format!("cannot settle {topic}: {e}"))?;
         let end = self
             .log
             .end_offset(topic, 0)

@@ -50,7 +50,7 @@ pub(crate) struct At<'a> {
 impl Durability {
     /// The strategy of `log`'s backend.
     pub fn of(log: &dyn Log, member: Member) -> Self {
-        if log.store_is_cache() {
+        if log.coordination().is_some() {
             Durability::Replicated { member }
         } else {
             Durability::Local
@@ -144,11 +144,11 @@ impl Durability {
     // The log's capabilities that differ.
 
     /// Tells the log whether this instance alone writes the partition's events now: when
-    /// ready, it owns the partition and restored it ([`Log::set_sole_writer`], which spares
+    /// ready, it owns the partition and restored it ([`Coordinated::set_sole_writer`](eventfold_log::Coordinated::set_sole_writer), which spares
     /// the views' reads at the end a request to the broker in Kafka mode).
     pub fn set_sole_writer(&self, log: &dyn Log, topics: &Topics, partition: u32, sole: bool) {
-        if self.replicated() {
-            log.set_sole_writer(&topics.events, partition, sole);
+        if let (true, Some(c)) = (self.replicated(), log.coordination()) {
+            c.set_sole_writer(&topics.events, partition, sole);
         }
     }
 
@@ -162,26 +162,26 @@ impl Durability {
     }
 
     /// Waits (bounded) until the transactions open on the events and state partitions
-    /// are decided (see [`Log::settle`]): a previous owner's last commit is then inside
+    /// are decided (see [`Coordinated::settle`](eventfold_log::Coordinated::settle)): a previous owner's last commit is then inside
     /// the spans a restore reads.
     pub async fn settle(&self, log: &dyn Log, topics: &Topics, partition: u32) -> Result<()> {
         if self.replicated() {
             for topic in [&topics.events, &topics.state] {
-                log.settle(topic, partition).await?;
+                log.require_coordination()?.settle(topic, partition).await?;
             }
         }
         Ok(())
     }
 
     /// Lifts the fence a failed commit left on `lane`, rebuilding a failed producer
-    /// ([`Log::resume`]); the embedded log has none to lift (it does not resume).
+    /// ([`Coordinated::resume`](eventfold_log::Coordinated::resume)); the embedded log has none to lift (it does not resume).
     pub async fn resume(&self, log: &dyn Log, lane: u32) -> eventfold_log::Result<()> {
         match self {
             Durability::Local => Err(eventfold_log::Error::Config(format!(
                 "the {} log does not resume lane {lane} after a failure; restart the process",
                 log.backend()
             ))),
-            Durability::Replicated { .. } => log.resume(lane).await,
+            Durability::Replicated { .. } => log.require_coordination()?.resume(lane).await,
         }
     }
 

@@ -103,7 +103,7 @@ impl<A: Aggregate> Processor<A> {
             };
             match result {
                 Ok(()) => return None,
-                Err(Error::Store(e)) => {
+                Err(e @ (Error::Store(_) | Error::Corrupt { .. })) => {
                     self.stop(format!("restore failed: {e}"));
                     return None;
                 }

@@ -206,12 +206,10 @@ fn apply_changelog<A: Aggregate>(
         } else {
             changelog::apply_state_record(data, A::TYPE, partition, r)
         };
-        applied.map_err(|reason| {
-            Error::Store(eventfold_store::Error::Corrupt {
-                table: "log",
-                key: format!("{topic}/{partition}@{offset}"),
-                reason,
-            })
+        applied.map_err(|reason| Error::Corrupt {
+            table: "log",
+            key: format!("{topic}/{partition}@{offset}"),
+            reason,
         })?;
     }
     Ok(())

@@ -39,11 +39,11 @@ pub fn rebuild_marker_key(storage: &str) -> String {
 }
 
 pub(super) fn corrupt(table: &'static str, key: String, reason: impl Into<String>) -> Error {
-    Error::Store(eventfold_store::Error::Corrupt {
+    Error::Corrupt {
         table,
         key,
         reason: reason.into(),
-    })
+    }
 }
 
 pub(super) fn load_row(store: &Store, view: &str, key: &str) -> Result<Option<Value>> {
