@@ -32,6 +32,19 @@ Commands:
             controller keeps running (a later start starts the broker again).
   status    Print whether the broker runs and its bootstrap address (exit 0 running, 3 stopped).
   logs      Print the last EVENTFOLD_KAFKA_LOG_TAIL lines of the broker log.
+  acl ARGS  Run Kafka's AclCommand against the PLAINTEXT listener (a super user there), e.g.
+            acl --add --allow-principal User:app --operation Read --topic shop. \
+                --resource-pattern-type prefixed
+            (all its options: acl --help).
+
+Security listener (on by default, for the Kafka security tests):
+  Beside PLAINTEXT the broker listens with SASL_SSL on EVENTFOLD_KAFKA_SASL_SSL_PORT
+  (default EVENTFOLD_KAFKA_PORT+2; 0 turns it off): TLS with a certificate of a CA generated
+  into <state dir>/ssl (clients trust <state dir>/ssl/ca.pem; it holds IP 127.0.0.1 and DNS
+  localhost), SASL/SCRAM-SHA-256 with the users admin (password admin-secret, a super user)
+  and app (password app-secret, only what ACLs grant it). ACLs are enforced
+  (StandardAuthorizer); PLAINTEXT clients are User:ANONYMOUS, a super user, so tests on
+  the plain listener need no ACLs. Test credentials only: never expose this broker.
 
 Environment:
   EVENTFOLD_CACHE               Cache root for the jars (default: \$HOME/.cache/eventfold);
@@ -51,6 +64,7 @@ Environment:
   EVENTFOLD_KAFKA_EXTRA_CONFIG  Path of a properties file appended to server.properties
                                 (later keys win), e.g. to tweak transaction timeouts.
   EVENTFOLD_KAFKA_LOG_TAIL      Lines of broker log shown on failure / by 'logs' (default: 80).
+  EVENTFOLD_KAFKA_SASL_SSL_PORT SASL_SSL listener port (default: EVENTFOLD_KAFKA_PORT+2; 0: none).
   EVENTFOLD_KAFKA_CONTROLLER    combined (default): broker and KRaft controller in one JVM.
                                 separate: a controller JVM (node 2, state in <dir>/controller,
                                 log controller.log) and a broker JVM (node 1); the broker
@@ -109,6 +123,13 @@ CTRL_DATA_DIR="$CTRL_DIR/data"
 CTRL_PID_FILE="$CTRL_DIR/controller.pid"
 CTRL_LOG_FILE="$STATE_DIR/controller.log"
 CTRL_PROPS="$CTRL_DIR/server.properties"
+SASL_SSL_PORT="${EVENTFOLD_KAFKA_SASL_SSL_PORT:-$((PORT + 2))}"
+is_uint "$SASL_SSL_PORT" && ((SASL_SSL_PORT <= 65535)) ||
+  die "EVENTFOLD_KAFKA_SASL_SSL_PORT must be a port number or 0 (got '$SASL_SSL_PORT')"
+SSL_DIR="$STATE_DIR/ssl"
+# Test credentials of the SASL_SSL listener (usage above).
+SSL_PASSWORD="eventfold-test"
+SCRAM_USERS=("admin:admin-secret" "app:app-secret")
 is_uint "$START_TIMEOUT" || die "EVENTFOLD_KAFKA_START_TIMEOUT must be whole seconds (got '$START_TIMEOUT')"
 is_uint "$STOP_TIMEOUT" || die "EVENTFOLD_KAFKA_STOP_TIMEOUT must be whole seconds (got '$STOP_TIMEOUT')"
 is_uint "$LOG_TAIL" || die "EVENTFOLD_KAFKA_LOG_TAIL must be a number (got '$LOG_TAIL')"
@@ -261,7 +282,55 @@ cmd_fetch() {
 
 # ---------------------------------------------------------------- config
 
+# The SASL_SSL listener's settings: TLS from the generated keystore, SCRAM, and ACLs
+# enforced, with the plain listener's anonymous clients as super users.
+security_config() {
+  cat <<EOF
+
+# SASL_SSL listener for the Kafka security tests (test credentials: see broker.sh usage).
+listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-256
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$SSL_DIR/broker.p12
+ssl.keystore.password=$SSL_PASSWORD
+ssl.key.password=$SSL_PASSWORD
+ssl.client.auth=none
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:admin
+EOF
+}
+
+# A CA and the broker's certificate signed by it (IP $HOST, DNS localhost), once per state
+# dir: <state>/ssl/ca.pem for clients, broker.p12 for the broker.
+make_certs() {
+  [[ -f "$SSL_DIR/broker.p12" && -f "$SSL_DIR/ca.pem" ]] && return 0
+  have openssl || die "openssl not found: it generates the SASL_SSL listener's certificates (apt-get install -y openssl), or set EVENTFOLD_KAFKA_SASL_SSL_PORT=0"
+  log "generating a test CA and the broker's certificate in $SSL_DIR"
+  rm -rf "$SSL_DIR"
+  mkdir -p "$SSL_DIR"
+  local out="$SSL_DIR/openssl.log"
+  {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=eventfold test CA" \
+      -keyout "$SSL_DIR/ca.key" -out "$SSL_DIR/ca.pem" &&
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=$HOST" \
+        -keyout "$SSL_DIR/broker.key" -out "$SSL_DIR/broker.csr" &&
+      printf 'subjectAltName=IP:%s,DNS:localhost\n' "$HOST" >"$SSL_DIR/san.ext" &&
+      openssl x509 -req -in "$SSL_DIR/broker.csr" -CA "$SSL_DIR/ca.pem" -CAkey "$SSL_DIR/ca.key" \
+        -CAcreateserial -days 3650 -extfile "$SSL_DIR/san.ext" -out "$SSL_DIR/broker.pem" &&
+      openssl pkcs12 -export -in "$SSL_DIR/broker.pem" -inkey "$SSL_DIR/broker.key" \
+        -certfile "$SSL_DIR/ca.pem" -name broker -passout "pass:$SSL_PASSWORD" -out "$SSL_DIR/broker.p12"
+  } >"$out" 2>&1 || {
+    show_log_tail "$out"
+    die "openssl could not generate the test certificates (output: $out)"
+  }
+}
+
 write_config() {
+  SASL_LISTENER=""
+  if [[ "$SASL_SSL_PORT" != 0 ]]; then
+    make_certs
+    SASL_LISTENER=",SASL_SSL://$HOST:$SASL_SSL_PORT"
+  fi
   if [[ "$CONTROLLER_MODE" == separate ]]; then
     mkdir -p "$CTRL_DIR"
     cat >"$CTRL_PROPS" <<EOF
@@ -284,7 +353,7 @@ EOF
 process.roles=broker
 node.id=1
 controller.quorum.voters=2@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$PORT
+listeners=PLAINTEXT://$HOST:$PORT$SASL_LISTENER
 # No controlled shutdown: with one broker it would only take every partition's leader
 # away while the broker still runs, and in that window Kafka's transaction coordinator
 # (4.4) skips the markers of partitions without a leader ("Couldn't find leader endpoint
@@ -303,14 +372,14 @@ EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT$SASL_LISTENER
 EOF
   fi
   cat >>"$SERVER_PROPS" <<EOF
-advertised.listeners=PLAINTEXT://$HOST:$PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT$SASL_LISTENER
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
 log.dirs=$DATA_DIR
 
 # One broker: replication factor 1 everywhere.
@@ -335,6 +404,9 @@ num.recovery.threads.per.data.dir=1
 # Small heap: the log cleaner's dedupe buffer defaults to 128 MiB.
 log.cleaner.dedupe.buffer.size=8388608
 EOF
+  if [[ "$SASL_SSL_PORT" != 0 ]]; then
+    security_config >>"$SERVER_PROPS"
+  fi
   if [[ -n "$EXTRA_CONFIG" ]]; then
     [[ -r "$EXTRA_CONFIG" ]] || die "EVENTFOLD_KAFKA_EXTRA_CONFIG=$EXTRA_CONFIG is not readable"
     {
@@ -375,6 +447,13 @@ format_storage() {
   for f in ${EVENTFOLD_KAFKA_FEATURES:-}; do
     FEATURE_ARGS+=(--feature "$f")
   done
+  # SCRAM credentials are metadata records: the format bootstraps them.
+  if [[ "$SASL_SSL_PORT" != 0 ]]; then
+    local u
+    for u in "${SCRAM_USERS[@]}"; do
+      FEATURE_ARGS+=(--add-scram "SCRAM-SHA-256=[name=${u%%:*},password=${u#*:}]")
+    done
+  fi
   log "formatting storage in $data (cluster id $CLUSTER_ID)${EVENTFOLD_KAFKA_FEATURES:+, features: $EVENTFOLD_KAFKA_FEATURES}"
   local fmt_log="$STATE_DIR/format.log"
   if ! "$JAVA" -Xms64m -Xmx256m -Dlog4j2.configurationFile="$LOG4J_CONF" -cp "$LIBS_DIR/*" \
@@ -463,6 +542,7 @@ cmd_start() {
     rm -f "$PID_FILE"
     # A separate controller checks its own port (start_controller).
     local p ports=("$PORT")
+    [[ "$SASL_SSL_PORT" != 0 ]] && ports+=("$SASL_SSL_PORT")
     [[ "$CONTROLLER_MODE" == combined ]] && ports+=("$CONTROLLER_PORT")
     for p in "${ports[@]}"; do
       if port_open "$HOST" "$p"; then
@@ -515,6 +595,9 @@ cmd_start() {
   done
   unlock 9
   log "broker ready (pid $pid) after $((SECONDS - t0))s: bootstrap.servers=$HOST:$PORT"
+  if [[ "$SASL_SSL_PORT" != 0 ]]; then
+    log "SASL_SSL listener: $HOST:$SASL_SSL_PORT (SCRAM-SHA-256; CA $SSL_DIR/ca.pem)"
+  fi
 }
 
 # Stops the process of pid file $1 (named $2 in the messages).
@@ -559,6 +642,18 @@ cmd_status() {
   return 3
 }
 
+cmd_acl() {
+  fetch_complete || die "no Kafka jars yet: run start first"
+  local conf="$STATE_DIR/log4j2-tools.properties"
+  mkdir -p "$STATE_DIR"
+  printf '%s\n' "status = warn" "appender.err.type = Console" "appender.err.name = STDERR" \
+    "appender.err.target = SYSTEM_ERR" "appender.err.layout.type = PatternLayout" \
+    "appender.err.layout.pattern = [%d] %p %m (%c)%n" "rootLogger.level = WARN" \
+    "rootLogger.appenderRef.err.ref = STDERR" >"$conf"
+  "$JAVA" -Xms32m -Xmx256m -Dlog4j2.configurationFile="$conf" -cp "$LIBS_DIR/*" \
+    org.apache.kafka.tools.AclCommand --bootstrap-server "$HOST:$PORT" "$@"
+}
+
 cmd_logs() {
   [[ -f "$LOG_FILE" ]] || die "no broker log at $LOG_FILE"
   tail -n "$LOG_TAIL" "$LOG_FILE"
@@ -581,6 +676,10 @@ restart)
   ;;
 status) cmd_status ;;
 logs) cmd_logs ;;
+acl)
+  shift
+  cmd_acl "$@"
+  ;;
 -h | --help | help) usage ;;
 "")
   usage

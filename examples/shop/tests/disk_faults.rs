@@ -15,51 +15,25 @@ mod common;
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// Commands sent after the first failed one; none of them may be acknowledged.
 const AFTER_FAILURE: usize = 20;
 /// Commands acknowledged before the fault.
 const BEFORE: usize = 30;
 
-/// A shop process on a fixed port, its stderr in a file (killed and reaped on drop).
+/// A shop process with its stderr in a file (killed and reaped on drop).
 struct Service {
     _shop: common::Shop,
     url: String,
     log: PathBuf,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts the shop on `data` with `env`, and waits for `/readyz` 200.
 fn start(data: &Path, log: &Path, env: &[(&str, &str)]) -> Service {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut cmd: Command = common::shop(&[
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--http",
-        &addr,
-        "--partitions",
-        "2",
-    ]);
-    cmd.envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(File::create(log).unwrap());
-    let shop = common::Shop(cmd.spawn().unwrap());
-    let url = format!("http://{addr}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while common::get_status(&url, "/readyz") != 200 {
-        assert!(Instant::now() < deadline, "shop not ready within 60 s: {}", read(log));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let args = ["--data-dir", data.to_str().unwrap(), "--partitions", "2"];
+    let (shop, url) = common::start_logged(&args, env, log, Duration::from_secs(60));
     Service {
         _shop: shop,
         url,

@@ -19,10 +19,29 @@ const MAX_IDLE_READERS: usize = 8;
 
 /// The context of eventfold's consumers: a partition's end is an expected event of every
 /// read (`enable.partition.eof`), not an error worth a log line; everything else is logged.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Quiet;
+/// It keeps librdkafka's last error-level log line (e.g. a failed SASL authentication), which
+/// a call that only times out does not name.
+#[derive(Debug, Default)]
+pub(super) struct Quiet {
+    last_error: Mutex<Option<String>>,
+}
+
+impl Quiet {
+    /// librdkafka's last error-level log line of this client, if any.
+    pub(super) fn last_error(&self) -> Option<String> {
+        self.last_error.lock().expect("last error lock").clone()
+    }
+}
 
 impl rdkafka::client::ClientContext for Quiet {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if matches!(level, L::Emerg | L::Alert | L::Critical | L::Error) {
+            tracing::debug!(target: "librdkafka", fac, "{message}");
+            *self.last_error.lock().expect("last error lock") = Some(message.to_owned());
+        }
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
             tracing::error!(%error, reason, "librdkafka error");
@@ -49,11 +68,11 @@ pub(super) struct Clients {
 impl Clients {
     pub(super) fn new(options: &KafkaOptions) -> Result<Self> {
         let meta = consumer_config(options, None)
-            .create_with_context(Quiet)
+            .create_with_context(Quiet::default())
             .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
         let meta_uncommitted = consumer_config(options, None)
             .set("isolation.level", "read_uncommitted")
-            .create_with_context(Quiet)
+            .create_with_context(Quiet::default())
             .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
         Ok(Self {
             options: options.clone(),
@@ -76,10 +95,20 @@ impl Clients {
 
     /// Fails with a clear message if no broker answers within `timeout`.
     pub(super) fn check_reachable(&self, timeout: Duration) -> Result<()> {
-        self.meta.fetch_metadata(None, timeout).map(drop).map_err(|e| {
+        // A client of its own with librdkafka's error lines on (rdkafka takes the level
+        // from the `log` crate, off here), served by polling: a failed SASL handshake or TLS
+        // verification then names itself instead of a bare transport failure.
+        let probe: BaseConsumer<Quiet> = consumer_config(&self.options, None)
+            .set_log_level(rdkafka::config::RDKafkaLogLevel::Error)
+            .create_with_context(Quiet::default())
+            .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?;
+        probe.fetch_metadata(None, timeout).map(drop).map_err(|e| {
+            while probe.poll(Duration::ZERO).is_some() {}
+            let last = probe.context().last_error();
             Error::Kafka(format!(
-                "cannot reach a Kafka broker at `{}` within {timeout:?}: {e}",
-                self.options.bootstrap_servers
+                "cannot reach a Kafka broker at `{}` within {timeout:?}: {e}{}",
+                self.options.bootstrap_servers,
+                last.map(|l| format!(" (librdkafka: {l})")).unwrap_or_default()
             ))
         })
     }
@@ -97,7 +126,7 @@ impl Clients {
                     // "unknown" for minutes after a broker restart (a refresh of the same
                     // client did not help): ask a client with fresh metadata.
                     let fresh: Option<BaseConsumer<Quiet>> = consumer_config(&self.options, Some(&self.reader_group()))
-                        .create_with_context(Quiet)
+                        .create_with_context(Quiet::default())
                         .ok();
                     let wait = deadline
                         .saturating_duration_since(Instant::now())
@@ -141,7 +170,7 @@ impl Clients {
             // librdkafka refuses `assign` without a group id; this group never joins
             // nor commits.
             None => consumer_config(&self.options, Some(&self.reader_group()))
-                .create_with_context(Quiet)
+                .create_with_context(Quiet::default())
                 .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
         };
         let got = read_range(&reader, topic, partition, from, end, max, self.timeout());
@@ -169,7 +198,9 @@ impl Clients {
         if !user_sets(&self.options, "fetch.wait.max.ms") {
             config.set("fetch.wait.max.ms", FOLLOW_FETCH_WAIT_MS);
         }
-        let consumer: BaseConsumer<Quiet> = config.create_with_context(Quiet).map_err(|e| kafka_error(&what(), e))?;
+        let consumer: BaseConsumer<Quiet> = config
+            .create_with_context(Quiet::default())
+            .map_err(|e| kafka_error(&what(), e))?;
         let mut tpl = TopicPartitionList::new();
         for (p, from) in starts {
             tpl.add_partition_offset(topic, *p as i32, Offset::Offset(*from as i64))
@@ -193,7 +224,7 @@ impl Clients {
             return Ok(c.clone());
         }
         let c: BaseConsumer<Quiet> = consumer_config(&self.options, Some(group))
-            .create_with_context(Quiet)
+            .create_with_context(Quiet::default())
             .map_err(|e| kafka_error(&format!("cannot create a consumer for group `{group}`"), e))?;
         let c = Arc::new(c);
         groups.insert(group.to_owned(), c.clone());

@@ -358,3 +358,42 @@ pub fn events(url: &str, aggregate: &str, id: &str) -> Vec<Value> {
 pub fn types(events: &[Value]) -> Vec<String> {
     events.iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect()
 }
+
+/// A shop on a port of its own with `args` and `env`, its stderr written to `log`; returned
+/// once `/readyz` answers 200 within `ready_within` (the test fails with the log otherwise).
+pub fn start_logged(
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: &std::path::Path,
+    ready_within: Duration,
+) -> (Shop, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut all = vec!["--http", addr.as_str()];
+    all.extend_from_slice(args);
+    let mut cmd = shop(&all);
+    cmd.envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    let mut guard = Shop(cmd.spawn().unwrap());
+    let url = format!("http://{addr}");
+    let deadline = Instant::now() + ready_within;
+    while get_status(&url, "/readyz") != 200 {
+        let exited = guard.0.try_wait().unwrap();
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "shop not ready within {ready_within:?} (exit: {exited:?}):\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (guard, url)
+}
+
+/// A TCP port free at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
