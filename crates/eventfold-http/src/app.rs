@@ -2,6 +2,7 @@
 //! (`App`), and the answer when no instance owns a partition. Kept apart from `routes`
 //! and `views` so that each imports it and neither imports the other.
 
+use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::forward::Forwarder;
 use axum::extract::{FromRequestParts, Path};
@@ -29,6 +30,14 @@ pub struct HttpOptions {
     pub registry: Option<Arc<Registry>>,
     /// How long a forwarded request waits for the owner's answer to start (10 s).
     pub forward_timeout: Duration,
+    /// Bearer tokens: every route but the open ones (`Access` in `ROUTES`) needs one with
+    /// enough role. `None`: no authentication.
+    pub auth: Option<Arc<Auth>>,
+    /// Requests handled at once, over all routes but the open ones (2048); one more gets
+    /// 503 `overloaded`. Counted until the handler answers (not while a stream flows).
+    pub max_in_flight: usize,
+    /// How long a request's body may take to arrive after its headers (10 s); later: 408.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for HttpOptions {
@@ -40,6 +49,9 @@ impl Default for HttpOptions {
             view_wait: Duration::from_secs(5),
             registry: None,
             forward_timeout: Duration::from_secs(10),
+            auth: None,
+            max_in_flight: 2048,
+            body_read_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -61,7 +61,8 @@ impl Forwarder {
     }
 
     /// Sends the request (method, path and query, headers minus hop-by-hop ones and `Host`,
-    /// body streamed) to `base_url` (e.g. `http://10.0.0.2:8080`) with [`FORWARDED_BY`] set,
+    /// body streamed; so `Authorization` too: the owner authenticates the caller's own
+    /// token, and a forwarded request has the caller's role, never more) to `base_url` (e.g. `http://10.0.0.2:8080`) with [`FORWARDED_BY`] set,
     /// and returns the owner's response: status, headers (minus hop-by-hop ones) and body
     /// streamed back. If the owner cannot be reached: 503 with `Retry-After: 1` and
     /// `{"error":"owner_unavailable","message":...}` naming the owner and the reason.
@@ -129,26 +130,31 @@ pub struct ShardAnswer {
 
 impl Forwarder {
     /// Sends `GET {base_url}{path_and_query}` marked as forwarded and as one part of a
-    /// scattered query for `partitions`, and reads the whole answer; the whole exchange is
-    /// bounded by the forward timeout plus `extra` (a query may wait for a position).
-    /// Reaching the instance failing: the 503 `owner_unavailable` response to give.
+    /// scattered query for `partitions`, with the caller's own `authorization` (so the
+    /// other instance checks the caller's token and role, never more), and reads the whole
+    /// answer; the whole exchange is bounded by the forward timeout plus `extra` (a query
+    /// may wait for a position). Reaching the instance failing: the 503
+    /// `owner_unavailable` response to give.
     pub async fn shard(
         &self,
         base_url: &str,
         path_and_query: &str,
         partitions: &[u32],
         extra: Duration,
+        authorization: Option<&HeaderValue>,
     ) -> Result<ShardAnswer, Response> {
         let url = format!("{}{path_and_query}", base_url.trim_end_matches('/'));
         let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
         let exchange = async {
-            let response = self
+            let mut request = self
                 .client
                 .get(&url)
                 .header(FORWARDED_BY, &self.instance_id)
-                .header(SHARD_PARTITIONS, list.join(","))
-                .send()
-                .await?;
+                .header(SHARD_PARTITIONS, list.join(","));
+            if let Some(credentials) = authorization {
+                request = request.header(header::AUTHORIZATION, credentials.clone());
+            }
+            let response = request.send().await?;
             let status = response.status();
             let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
             Ok::<_, reqwest::Error>((status, retry_after, response.bytes().await?))

@@ -6,19 +6,23 @@
 #![warn(missing_docs)]
 
 mod app;
+pub mod auth;
 pub mod cluster;
 mod error;
 pub mod forward;
+mod guard;
 pub mod openapi;
 mod process;
 mod route_table;
 mod routes;
+mod server;
 mod views;
 
 pub use axum::Router;
 pub use error::ApiError;
-pub use route_table::ROUTES;
+pub use route_table::{ROUTES, Route};
 pub use routes::{HttpOptions, router};
+pub use server::{ServerLimits, serve_with};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -46,11 +50,12 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
+/// Serves `router` on `listener` with the default [`ServerLimits`] until `shutdown`
+/// resolves, then drains open requests.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    serve_with(listener, router, ServerLimits::default(), shutdown).await
 }

@@ -11,7 +11,8 @@
 //! come back; `Error`'s own `enum` is the union of them all.
 
 use crate::app::HttpOptions;
-use crate::route_table::ROUTES;
+use crate::auth::Access;
+use crate::route_table::{ROUTES, Route};
 use eventfold_runtime::Runtime;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -31,9 +32,12 @@ const STREAM_ERROR: &str = "read_failed";
 pub fn document(runtime: &Runtime, options: &HttpOptions) -> Value {
     let ctx = Ctx { runtime, options };
     let mut paths = Map::new();
-    for &(method, path) in ROUTES {
-        let item = paths.entry(path).or_insert_with(|| json!({}));
-        item[method.to_ascii_lowercase()] = ctx.operation(method, path);
+    let protect_metrics = options.auth.as_ref().is_some_and(|a| a.options().protect_metrics);
+    for r in ROUTES {
+        let item = paths.entry(r.path).or_insert_with(|| json!({}));
+        let mut op = ctx.operation(r.method, r.path);
+        guarded(&mut op, r, protect_metrics);
+        item[r.method.to_ascii_lowercase()] = op;
     }
     let mut doc = json!({
         "openapi": OPENAPI_VERSION,
@@ -44,7 +48,9 @@ pub fn document(runtime: &Runtime, options: &HttpOptions) -> Value {
                 process manager state, and operations (DESIGN §6; docs/http-api.md). Every error body is \
                 `{\"error\": <stable code>, \"message\": <sentence>}`; a 503 carries `Retry-After`. Every \
                 GET also answers HEAD (same status and headers, no body). A path with no route answers 404 \
-                `not_found`, a method a path does not list 405 `method_not_allowed` with `Allow`.",
+                `not_found`, a method a path does not list 405 `method_not_allowed` with `Allow`. When the \
+                service has tokens (`--auth-tokens`), each operation needs a bearer token of the role its \
+                `x-eventfold-role` names (roles nest: admin, write, read); `/healthz` and `/readyz` are open.",
         },
         "tags": [
             {"name": "aggregates", "description": "Commands, state and events of one aggregate."},
@@ -411,6 +417,58 @@ impl Ctx<'_> {
     }
 }
 
+/// What the guard in front of every route adds to `op` (the route `r`): its role and
+/// security requirement, 401 and 403 when it needs a token, 429 for a token over its rate,
+/// 503 `overloaded` at the bound on requests in flight, and 408/413 for a body read too
+/// slowly or too large.
+fn guarded(op: &mut Value, r: &Route, protect_metrics: bool) {
+    let needed = r.access.required(protect_metrics);
+    op["security"] = match (needed, r.access) {
+        (Some(_), _) => json!([{"bearer": []}]),
+        // Open metrics: a token is taken and not needed.
+        (None, Access::Metrics) => json!([{}, {"bearer": []}]),
+        (None, _) => json!([]),
+    };
+    if r.access == Access::Open {
+        // Probes pass the guard untouched.
+        return;
+    }
+    if let Some(role) = needed {
+        op["x-eventfold-role"] = json!(role.as_str());
+        let responses = &mut op["responses"];
+        add_codes(responses, 401, &["unauthenticated"]);
+        add_codes(responses, 403, &["forbidden"]);
+        add_codes(responses, 429, &["rate_limited"]);
+        responses["401"]["headers"] = json!({"WWW-Authenticate": {"$ref": "#/components/headers/WWW-Authenticate"}});
+    }
+    let responses = &mut op["responses"];
+    add_codes(responses, 503, &["overloaded"]);
+    if r.method == "POST" {
+        add_codes(responses, 400, &["bad_request"]);
+        add_codes(responses, 408, &["request_timeout"]);
+        add_codes(responses, 413, &["payload_too_large"]);
+    }
+}
+
+/// Adds `codes` to the error response of `status` in `responses` (made if missing).
+fn add_codes(responses: &mut Value, status: u16, codes: &[&str]) {
+    let key = status.to_string();
+    let Some(existing) = responses.get_mut(&key) else {
+        responses[key] = error_response(status, codes);
+        return;
+    };
+    let Some(list) =
+        existing["content"]["application/json"]["schema"]["allOf"][1]["properties"]["error"]["enum"].as_array_mut()
+    else {
+        return;
+    };
+    for c in codes {
+        if !list.iter().any(|v| v == c) {
+            list.push(json!(c));
+        }
+    }
+}
+
 fn ref_param(name: &str) -> Value {
     json!({"$ref": format!("#/components/parameters/{name}")})
 }
@@ -483,7 +541,7 @@ fn error_response(status: u16, codes: &[&str]) -> Value {
             "allOf": [{"$ref": "#/components/schemas/Error"}, narrowed],
         }}},
     });
-    if status == 503 {
+    if status == 503 || status == 429 {
         response["headers"] = json!({"Retry-After": {"$ref": "#/components/headers/Retry-After"}});
     }
     response
@@ -492,6 +550,10 @@ fn error_response(status: u16, codes: &[&str]) -> Value {
 fn status_description(status: u16) -> &'static str {
     match status {
         400 => "The request is malformed; nothing was done.",
+        401 => "No bearer token, or one the service does not know (`WWW-Authenticate: Bearer`).",
+        403 => "The token's role is not enough for this operation (`x-eventfold-role`).",
+        408 => "The request body did not arrive in time; the connection is closed.",
+        429 => "The token is over its rate limit: retry after `Retry-After` seconds.",
         404 => "Nothing of that name.",
         405 => "The path does not take this method.",
         412 => "`If-Match` names another version than the aggregate's; nothing was written.",
@@ -677,7 +739,20 @@ fn components() -> Value {
                 "schema": {"type": "string"},
             },
         },
+        "securitySchemes": {
+            "bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A token of the service's token file (`--auth-tokens`), as `Authorization: \
+                    Bearer <token>`. Roles nest: `admin` ⊇ `write` ⊇ `read`; each operation's `x-eventfold-role` \
+                    names the least it needs.",
+            },
+        },
         "headers": {
+            "WWW-Authenticate": {
+                "description": "`Bearer realm=\"eventfold\"` (with `error=\"invalid_token\"` for an unknown token).",
+                "required": true,
+                "schema": {"type": "string"},
+            },
             "ETag": {
                 "description": "`\"<version>\"`: the aggregate's version.",
                 "required": true,

@@ -4,6 +4,7 @@ pub use crate::app::HttpOptions;
 use crate::app::{ApiPath, App, owner_unavailable};
 use crate::error::ApiError;
 use crate::forward::Forwarder;
+use crate::guard::{self, Guard};
 use crate::route_table::ROUTES;
 use axum::Router;
 use axum::body::Bytes;
@@ -26,7 +27,7 @@ use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{Semaphore, broadcast};
 
 /// The API router over `runtime`.
 pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
@@ -35,14 +36,25 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
         .registry
         .as_ref()
         .map(|r| Forwarder::new(r.instance_id(), options.forward_timeout));
+    let in_flight = Arc::new(Semaphore::new(options.max_in_flight));
     let app = App {
         runtime,
         options: Arc::new(options),
         forwarder,
     };
     let mut router = Router::new();
-    for &(method, path) in ROUTES {
-        router = router.route(path, handler(&app, method, path));
+    for r in ROUTES {
+        let guard = Guard {
+            method: r.method,
+            path: r.path,
+            access: r.access,
+            auth: app.options.auth.clone(),
+            in_flight: in_flight.clone(),
+            max_in_flight: app.options.max_in_flight,
+            body: (r.method == "POST").then_some((app.options.body_read_timeout, limit)),
+        };
+        let checked = handler(&app, r.method, r.path).layer(axum::middleware::from_fn_with_state(guard, guard::guard));
+        router = router.route(r.path, checked);
     }
     router
         .fallback(not_found)

@@ -331,7 +331,7 @@ pub(crate) async fn query(
     let page =
         if v.scope() == Scope::Partitioned && app.options.registry.is_some() && !Forwarder::already_forwarded(&headers)
         {
-            match scatter(&app, &v, &q, &p.min_positions, &uri).await {
+            match scatter(&app, &v, &q, &p.min_positions, &uri, headers.get(header::AUTHORIZATION)).await {
                 Ok(page) => page,
                 // An instance's refusal (e.g. 504 `view_behind`) or 503 `owner_unavailable`.
                 Err(response) => return Ok(response),
@@ -382,6 +382,7 @@ async fn scatter(
     q: &eventfold_runtime::Query,
     min_positions: &[String],
     uri: &Uri,
+    authorization: Option<&HeaderValue>,
 ) -> Result<Part, Response> {
     let registry = app.options.registry.as_ref().expect("checked by the caller");
     let forwarder = app.forwarder.as_ref().expect("a registry comes with a forwarder");
@@ -405,7 +406,7 @@ async fn scatter(
     };
     let asks = remote
         .iter()
-        .map(|(url, partitions)| forwarder.shard(url, path, partitions, extra));
+        .map(|(url, partitions)| forwarder.shard(url, path, partitions, extra, authorization));
     let local = async {
         barrier(app, v, min_positions).await?;
         let page = v.query(q)?;

@@ -353,7 +353,10 @@ async fn get_openapi_json_serves_the_document_of_the_running_service() {
 async fn every_route_is_in_the_document_with_its_methods_and_nothing_else() {
     let s = start().await;
     let doc = s.document().await;
-    let routes: BTreeSet<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    let routes: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|r| (r.method.to_string(), r.path.to_string()))
+        .collect();
     assert_eq!(
         operations(&doc),
         routes,
@@ -411,11 +414,15 @@ fn sources() -> Vec<(String, String)> {
 fn status_named(name: &str) -> Option<u16> {
     Some(match name {
         "BAD_REQUEST" => 400,
+        "UNAUTHORIZED" => 401,
+        "FORBIDDEN" => 403,
         "NOT_FOUND" => 404,
         "METHOD_NOT_ALLOWED" => 405,
+        "REQUEST_TIMEOUT" => 408,
         "PRECONDITION_FAILED" => 412,
         "PAYLOAD_TOO_LARGE" => 413,
         "UNPROCESSABLE_ENTITY" => 422,
+        "TOO_MANY_REQUESTS" => 429,
         "INTERNAL_SERVER_ERROR" => 500,
         "BAD_GATEWAY" => 502,
         "SERVICE_UNAVAILABLE" => 503,
@@ -618,6 +625,13 @@ fn structure_problems(doc: &Value) -> Vec<String> {
             for t in &template {
                 if !declared.contains(&("path".to_owned(), t.to_ascii_lowercase())) {
                     p.push(format!("{at}: path parameter {{{t}}} is not declared"));
+                }
+            }
+            for requirement in op["security"].as_array().into_iter().flatten() {
+                for scheme in requirement.as_object().into_iter().flatten().map(|(k, _)| k) {
+                    if doc["components"]["securitySchemes"].get(scheme).is_none() {
+                        p.push(format!("{at}: security scheme {scheme} is not declared"));
+                    }
                 }
             }
             let Some(responses) = op["responses"].as_object().filter(|r| !r.is_empty()) else {

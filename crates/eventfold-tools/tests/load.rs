@@ -25,6 +25,8 @@ enum Mode {
     FailEveryTenth,
     /// 200 after this long.
     Slow(Duration),
+    /// 200 with `Authorization: Bearer <this>`, else 401.
+    RequireToken(&'static str),
 }
 
 /// One request as the server saw it.
@@ -79,7 +81,14 @@ async fn command(
         first
     };
     let accepted = Json(json!({"aggregate_id": id, "version": 1, "events": [], "position": "x"}));
+    let authorization = headers.get("authorization").map(|v| v.to_str().unwrap().to_owned());
     match server.mode {
+        Mode::RequireToken(token) if authorization == Some(format!("Bearer {token}")) => accepted.into_response(),
+        Mode::RequireToken(_) => (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "unauthenticated", "message": "no token"})),
+        )
+            .into_response(),
         Mode::Accept => accepted.into_response(),
         Mode::Slow(delay) => {
             tokio::time::sleep(delay).await;
@@ -780,4 +789,26 @@ async fn an_ipv6_url_is_served() {
 
     assert_eq!(summary.status_count(200), 10, "{:?}", summary.first_error);
     assert_eq!(server.seen().len(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_the_bearer_token_with_every_request() {
+    let (url, server) = start(Mode::RequireToken("s3cret")).await;
+    let summary = load::run(LoadOptions {
+        token: Some("s3cret".into()),
+        ..options(&url, 50)
+    })
+    .await
+    .unwrap();
+    assert_eq!(summary.status.get(&200), Some(&50), "{:?}", summary.status);
+    assert_eq!(server.seen().len(), 50);
+    // Without it (the check can fail): every request is refused.
+    let summary = load::run(options(&url, 20)).await.unwrap();
+    assert_eq!(summary.status.get(&401), Some(&20), "{:?}", summary.status);
+    // A token that cannot be a header value is refused before anything is sent.
+    let bad = LoadOptions {
+        token: Some("line\nbreak".into()),
+        ..options(&url, 1)
+    };
+    assert!(bad.validate().is_err());
 }

@@ -71,6 +71,7 @@ use crate::rebuild::ProgressDrawTarget;
 use anyhow::{Context as _, bail};
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use eventfold_http::HttpOptions;
+use eventfold_http::auth::{self, Auth, Role};
 use eventfold_log::Log;
 use eventfold_log::embedded::{self, EmbeddedLog};
 #[cfg(feature = "kafka")]
@@ -129,6 +130,27 @@ enum Command<F: Args> {
     Views {
         #[command(subcommand)]
         command: ViewsCommand<F>,
+    },
+    /// Bearer tokens for --auth-tokens.
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// Read a token on stdin (its first line) and print its line for the --auth-tokens
+    /// file: `<name> <role> <sha256 hex of the token>`. The file never holds the token
+    /// itself; give the token to its client.
+    ///
+    /// Example: TOKEN=$(openssl rand -hex 32); echo "$TOKEN" | shop auth hash-token ci write >> tokens
+    HashToken {
+        /// The entry's name (one word), shown in refusals and logs.
+        name: String,
+        /// `read` (GETs), `write` (reads and commands) or `admin` (everything).
+        #[arg(value_parser = ["read", "write", "admin"])]
+        role: String,
     },
 }
 
@@ -232,6 +254,17 @@ impl<F: Args + Send + Sync + 'static> App<F> {
                 println!("{}", crate::rebuild::summary(&view, &stats));
                 Ok(())
             }
+            Command::Auth {
+                command: AuthCommand::HashToken { name, role },
+            } => {
+                let mut token = String::new();
+                std::io::stdin()
+                    .read_line(&mut token)
+                    .context("cannot read the token on stdin")?;
+                let role = Role::parse(&role).expect("clap checked the role");
+                println!("{}", auth::entry_line(&name, role, token.trim())?);
+                Ok(())
+            }
         }
     }
 
@@ -240,6 +273,7 @@ impl<F: Args + Send + Sync + 'static> App<F> {
     /// flushes the store.
     pub async fn serve(&self, opts: ServeOptions, flags: F) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
+        opts.check()?;
         let listener = eventfold_http::bind(opts.http)
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}{}", opts.http, bind_hint(&e)))?;
         let addr = listener.local_addr()?;
@@ -248,6 +282,22 @@ impl<F: Args + Send + Sync + 'static> App<F> {
         opts.advertised_http.get_or_insert_with(|| format!("http://{addr}"));
         let service = self.start(&opts, &flags)?;
         let name = self.name;
+        // Before the service says it serves: a SIGHUP from then on is a reload, never the
+        // default action (which ends the process).
+        match &service.auth {
+            Some(auth) => {
+                eprintln!(
+                    "{name}: {} bearer tokens from {} (SIGHUP reloads it); /healthz and /readyz are open",
+                    auth.len(),
+                    auth.path().display()
+                );
+                reload_on_hangup(name, auth.clone())?;
+            }
+            None if !addr.ip().to_canonical().is_loopback() => {
+                tracing::warn!(%addr, "serving without authentication (--insecure-no-auth) beyond this machine");
+            }
+            None => {}
+        }
         eprintln!(
             "{name}: serving http://{addr} ({}, {} partitions); restoring, see /readyz",
             match &opts.kafka {
@@ -279,7 +329,7 @@ impl<F: Args + Send + Sync + 'static> App<F> {
             // Not `eprintln!`: a closed stderr must not turn a graceful stop into a panic.
             let _ = writeln!(std::io::stderr(), "{name}: shutting down");
         };
-        eventfold_http::serve(listener, service.router, shutdown).await?;
+        eventfold_http::serve_with(listener, service.router, opts.server_limits(), shutdown).await?;
         if let Some(registry) = service.registry {
             // Others stop forwarding here at once rather than after the heartbeats run out.
             registry.leave().await;
@@ -377,11 +427,20 @@ impl<F: Args + Send + Sync + 'static> App<F> {
             tokio::task::block_in_place(|| coordinated.provision(&topics))
                 .context("the app's Kafka topics cannot be used")?;
         }
+        let auth = match &opts.auth_tokens {
+            None => None,
+            Some(path) => Some(Arc::new(
+                Auth::open(path, opts.auth_options()).context("--auth-tokens: the token file cannot be used")?,
+            )),
+        };
         let runtime = builder.build(log);
         let http = HttpOptions {
             max_body_bytes: opts.max_body_bytes,
             advertised_address: advertised,
             registry: registry.clone(),
+            auth: auth.clone(),
+            max_in_flight: opts.max_concurrent_requests,
+            body_read_timeout: Duration::from_secs(opts.body_read_timeout_secs),
             ..Default::default()
         };
         let router = eventfold_http::router(runtime.clone(), http);
@@ -389,6 +448,7 @@ impl<F: Args + Send + Sync + 'static> App<F> {
             runtime,
             router,
             registry,
+            auth,
         })
     }
 
@@ -439,12 +499,39 @@ pub struct Running {
     pub router: eventfold_http::Router,
     /// Kafka mode: this instance's entry in `<app-id>._instances` (leave it on shutdown).
     pub registry: Option<Arc<Registry>>,
+    /// The bearer tokens of `--auth-tokens` (`App::serve` reloads them on SIGHUP).
+    pub auth: Option<Arc<Auth>>,
 }
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Running").finish_non_exhaustive()
     }
+}
+
+/// Reloads `auth`'s token file at every SIGHUP from now on, and says so on stderr as
+/// `<name>: reloaded ...`; a file that does not parse leaves the tokens loaded before in
+/// force, and the line says why.
+fn reload_on_hangup(name: &'static str, auth: Arc<Auth>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Registered now, before the service says it serves: a SIGHUP sent from then on is
+    // a reload, never the default action (which ends the process).
+    let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            let file = auth.path().display().to_string();
+            // Not `eprintln!`: a closed stderr must not panic the reload.
+            let _ = match auth.reload() {
+                Ok(n) => writeln!(std::io::stderr(), "{name}: reloaded {file}: {n} bearer tokens"),
+                Err(e) => writeln!(
+                    std::io::stderr(),
+                    "{name}: cannot reload the token file, the {} tokens loaded before stay in force: {e}",
+                    auth.len()
+                ),
+            };
+        }
+    });
+    Ok(())
 }
 
 /// Logs to stderr, filtered by `EVENTFOLD_LOG`.

@@ -381,6 +381,11 @@ struct LoadArgs {
     #[arg(long, value_name = "PATH", conflicts_with = "body")]
     get: Option<String>,
 
+    /// Bearer token to send with every request, for a service with --auth-tokens (a
+    /// token of role write for commands and flows, read for --get).
+    #[arg(long, env = "EVENTFOLD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+
     /// Hide the progress bar (it is also hidden when stderr is not a terminal).
     #[arg(short, long)]
     quiet: bool,
@@ -459,6 +464,7 @@ impl LoadArgs {
             max_error_rate: self.max_error_rate,
             seed: self.seed,
             progress: !self.quiet && std::io::stderr().is_terminal(),
+            token: self.token,
         }
     }
 
@@ -480,6 +486,7 @@ impl LoadArgs {
             seed: self.seed,
             progress: !self.quiet && std::io::stderr().is_terminal(),
             get: self.get,
+            token: self.token,
             ..LoadOptions::default()
         };
         match (self.body, self.preset) {

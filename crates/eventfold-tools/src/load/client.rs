@@ -14,7 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderMap, HeaderName, HeaderValue, IF_NONE_MATCH, RETRY_AFTER};
+use hyper::header::{
+    AUTHORIZATION, CONNECTION, CONTENT_TYPE, HOST, HeaderMap, HeaderName, HeaderValue, IF_NONE_MATCH, RETRY_AFTER,
+};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -27,11 +29,14 @@ type Body = Either<Full<Bytes>, Empty<Bytes>>;
 pub(crate) struct Target {
     addr: String,
     host: HeaderValue,
+    /// `Bearer <token>` for a service with `--auth-tokens`.
+    authorization: Option<HeaderValue>,
 }
 
 impl Target {
-    /// The target of a base URL such as `http://127.0.0.1:8080` (plain HTTP only).
-    pub(crate) fn of(url: &reqwest::Url) -> anyhow::Result<Self> {
+    /// The target of a base URL such as `http://127.0.0.1:8080` (plain HTTP only), sending
+    /// `token` as a bearer token if given.
+    pub(crate) fn of(url: &reqwest::Url, token: Option<&str>) -> anyhow::Result<Self> {
         anyhow::ensure!(
             url.scheme() == "http",
             "url {url} is not plain http:// (the load generator speaks HTTP/1.1 without TLS)"
@@ -42,10 +47,19 @@ impl Target {
             Some(p) => format!("{host}:{p}"),
             None => host.to_owned(),
         };
+        let authorization = token
+            .map(|t| {
+                let mut value = HeaderValue::from_str(&format!("Bearer {t}"))
+                    .map_err(|_| anyhow::anyhow!("the token must be visible ASCII"))?;
+                value.set_sensitive(true);
+                Ok::<_, anyhow::Error>(value)
+            })
+            .transpose()?;
         Ok(Self {
             // `host_str` keeps an IPv6 host's brackets: `[::1]:8080` parses as an address.
             addr: format!("{host}:{port}"),
             host: HeaderValue::from_str(&authority)?,
+            authorization,
         })
     }
 }
@@ -113,6 +127,9 @@ impl Connection {
         let mut builder = Request::builder().uri(call.path).header(HOST, target.host.clone());
         if let Some(etag) = call.if_none_match {
             builder = builder.header(IF_NONE_MATCH, etag);
+        }
+        if let Some(credentials) = &target.authorization {
+            builder = builder.header(AUTHORIZATION, credentials.clone());
         }
         let request = match call.command {
             Some((key, body)) => builder

@@ -83,6 +83,8 @@ pub struct FlowOptions {
     pub seed: Option<u64>,
     /// Draw a progress bar on stderr (hidden when stderr is not a terminal).
     pub progress: bool,
+    /// Bearer token sent with every request (a service with `--auth-tokens`).
+    pub token: Option<String>,
 }
 
 impl Default for FlowOptions {
@@ -102,6 +104,7 @@ impl Default for FlowOptions {
             max_error_rate: 0.01,
             seed: None,
             progress: false,
+            token: None,
         }
     }
 }
@@ -116,6 +119,7 @@ impl FlowOptions {
             self.url
         );
         ensure!(!url.cannot_be_a_base(), "url {:?} cannot carry a path", self.url);
+        Target::of(&url, self.token.as_deref())?;
         ensure!(
             (1..=CONCURRENCY_MAX).contains(&self.concurrency),
             "concurrency {} is outside 1..={CONCURRENCY_MAX}",
@@ -420,7 +424,7 @@ struct Shared {
 impl Shared {
     fn new(opts: &FlowOptions) -> anyhow::Result<Self> {
         let url = Url::parse(&opts.url)?;
-        let target = Target::of(&url)?;
+        let target = Target::of(&url, opts.token.as_deref())?;
         let order_path = format!("{}/v1/aggregates/order/", url.path().trim_end_matches('/'));
         let start = Instant::now();
         let warmup_end = start + opts.warmup;

@@ -83,6 +83,8 @@ pub struct LoadOptions {
     /// Send `GET {url}{path}` instead of commands, with this path template (`{id}`, `{n}`
     /// and `{worker}` substituted), e.g. `/v1/views/orders/{id}`.
     pub get: Option<String>,
+    /// Bearer token sent with every request (a service with `--auth-tokens`).
+    pub token: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -104,6 +106,7 @@ impl Default for LoadOptions {
             seed: None,
             progress: false,
             get: None,
+            token: None,
         };
         Preset::ShopOrders.apply(&mut opts);
         opts
@@ -120,6 +123,7 @@ impl LoadOptions {
             self.url
         );
         ensure!(!url.cannot_be_a_base(), "url {:?} cannot carry a path", self.url);
+        Target::of(&url, self.token.as_deref())?;
         ensure!(!self.aggregate_type.is_empty(), "aggregate type is empty");
         ensure!(
             (1..=CONCURRENCY_MAX).contains(&self.concurrency),
@@ -616,7 +620,7 @@ enum Attempt {
 impl Shared {
     fn new(opts: &LoadOptions) -> anyhow::Result<Self> {
         let mut type_url = Url::parse(&opts.url)?;
-        let target = Target::of(&type_url)?;
+        let target = Target::of(&type_url, opts.token.as_deref())?;
         type_url
             .path_segments_mut()
             .map_err(|()| anyhow::anyhow!("url {:?} cannot carry a path", opts.url))?

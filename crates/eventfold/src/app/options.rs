@@ -1,5 +1,7 @@
 //! The standard flags every service built with [`App`](super::App) has.
 
+use eventfold_http::auth::{AuthOptions, RateLimit};
+use eventfold_http::{HttpOptions, ServerLimits};
 use eventfold_log::kafka::{KafkaOptions, MAX_TRANSACTION_INTERVAL};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,6 +44,45 @@ pub struct ServeOptions {
     /// Largest accepted request body in bytes (larger: 413).
     #[arg(long, env = "EVENTFOLD_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
+    /// Bearer tokens: a file of one token a line, `<name> <role> <sha256 hex of the
+    /// token>` (roles read, write, admin; `<service> auth hash-token` makes a line).
+    /// Every route but /healthz and /readyz then needs a token of enough role. Reloaded on
+    /// SIGHUP (a file that does not parse keeps the tokens loaded before).
+    #[arg(long, env = "EVENTFOLD_AUTH_TOKENS", value_name = "FILE")]
+    pub auth_tokens: Option<PathBuf>,
+    /// Serve without authentication on an address other than loopback (refused without
+    /// this flag or --auth-tokens). Only behind something that authenticates for it.
+    #[arg(long, env = "EVENTFOLD_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    /// With --auth-tokens, /metrics needs a token too (role read); without it /metrics is
+    /// open.
+    #[arg(long, env = "EVENTFOLD_METRICS_AUTH")]
+    pub metrics_auth: bool,
+    /// With --auth-tokens: requests a second each token may send on average (0: no
+    /// limit); over it, 429 with Retry-After.
+    #[arg(long, env = "EVENTFOLD_RATE_LIMIT_PER_TOKEN", default_value_t = RateLimit::default().per_second)]
+    pub rate_limit_per_token: u32,
+    /// With --auth-tokens: requests a token may send at once after a quiet spell (its
+    /// bucket's size).
+    #[arg(long, env = "EVENTFOLD_RATE_LIMIT_BURST", default_value_t = RateLimit::default().burst, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_limit_burst: u32,
+    /// Requests handled at once (over every route but /healthz and /readyz); one more
+    /// gets 503 `overloaded` with Retry-After.
+    #[arg(long, env = "EVENTFOLD_MAX_CONCURRENT_REQUESTS", default_value_t = HttpOptions::default().max_in_flight, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_concurrent_requests: usize,
+    /// Connections open at once; further ones wait in the kernel's accept queue until one
+    /// closes.
+    #[arg(long, env = "EVENTFOLD_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers, from when it connects or got its
+    /// previous answer (so also the idle timeout of a kept-alive connection); then the
+    /// connection is closed.
+    #[arg(long, env = "EVENTFOLD_HEADER_READ_TIMEOUT_SECS", default_value_t = ServerLimits::default().header_read_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive after its headers; then 408 and the
+    /// connection is closed.
+    #[arg(long, env = "EVENTFOLD_BODY_READ_TIMEOUT_SECS", default_value_t = HttpOptions::default().body_read_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_secs: u64,
     /// Do not run the service's process managers: aggregates then change only through the
     /// commands clients send; what the process managers would read waits for a start
     /// without this flag.
@@ -162,7 +203,38 @@ impl ServeOptions {
         if self.partitions == 0 || self.partitions > 1024 {
             anyhow::bail!("--partitions must be between 1 and 1024, got {}", self.partitions);
         }
+        if self.auth_tokens.is_some() && self.insecure_no_auth {
+            anyhow::bail!("--auth-tokens and --insecure-no-auth contradict each other: give one");
+        }
+        // Secure by default: beyond this machine, a service answers strangers only if told.
+        if !self.http.ip().to_canonical().is_loopback() && self.auth_tokens.is_none() && !self.insecure_no_auth {
+            anyhow::bail!(
+                "--http {} is not a loopback address, and anyone who can reach it could run any command: \
+                 give --auth-tokens FILE (bearer tokens; see docs/operations.md, \"Securing a deployment\"), \
+                 or --insecure-no-auth to serve without authentication",
+                self.http
+            );
+        }
         Ok(())
+    }
+
+    /// The token file's options from the flags.
+    pub(crate) fn auth_options(&self) -> AuthOptions {
+        AuthOptions {
+            rate: RateLimit {
+                per_second: self.rate_limit_per_token,
+                burst: self.rate_limit_burst,
+            },
+            protect_metrics: self.metrics_auth,
+        }
+    }
+
+    /// The limits of the connections.
+    pub(crate) fn server_limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_connections: self.max_connections,
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
+        }
     }
 
     /// The Kafka log's options from the flags.

@@ -57,12 +57,22 @@ pub fn start_service(exe: &std::path::Path, dir: &std::path::Path, extra: &[&str
 /// Starts the service binary `exe` on port 0 and returns it once it printed its URL
 /// (ready or not).
 pub fn spawn_service(exe: &std::path::Path, dir: &std::path::Path, extra: &[&str]) -> (Shop, String, Vec<String>) {
-    let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
     let mut args = vec!["--data-dir", dir.to_str().unwrap(), "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
+    let (guard, url, lines, _) = spawn_logged(exe, &args);
+    (guard, url, lines)
+}
+
+/// Starts the service binary `exe` with exactly `args` and returns it once it printed its
+/// URL, with the lines it printed so far and the receiver of the lines it prints next.
+pub fn spawn_logged(
+    exe: &std::path::Path,
+    args: &[&str],
+) -> (Shop, String, Vec<String>, std::sync::mpsc::Receiver<String>) {
+    let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
     // Owned by the guard at once, so a failing test still kills and reaps it.
     let mut guard = Shop(
-        service(exe, &args)
+        service(exe, args)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -90,7 +100,7 @@ pub fn spawn_service(exe: &std::path::Path, dir: &std::path::Path, extra: &[&str
             if let Ok(l) = rx.recv_timeout(Duration::from_secs(1)) {
                 lines.push(l);
             }
-            return (guard, url, lines);
+            return (guard, url, lines, rx);
         }
     }
 }
