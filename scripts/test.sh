@@ -45,6 +45,10 @@ step "module import cycles (scripts/check_module_cycles.py)"
 python3 scripts/check_module_cycles.py --self-test
 python3 scripts/check_module_cycles.py
 
+step "length bars of the runtime: files <= 700 lines, functions <= 80 (scripts/check_lengths.py)"
+python3 scripts/check_lengths.py --self-test
+python3 scripts/check_lengths.py
+
 if [ "${EVENTFOLD_SKIP_KAFKA:-0}" = 1 ]; then
   if [ "${CI:-}" = true ]; then
     echo "EVENTFOLD_SKIP_KAFKA=1 is not allowed in CI: Kafka tests never skip silently" >&2

@@ -18,6 +18,7 @@ pub mod clock;
 pub mod cluster;
 mod command;
 pub mod error;
+mod exposition;
 pub mod lookup;
 pub mod metrics;
 mod options;
