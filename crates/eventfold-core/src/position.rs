@@ -47,8 +47,7 @@ impl Position {
 
     /// The token of [`Position::at`]`(topic, partition, offset)`, built without the
     /// position: every accepted command's outcome carries one, and the map, the owned
-    /// topic name and the formatted marks were about 1.7% of the CPU samples of the
-    /// in-process command bench.
+    /// topic name and the formatted marks showed in the command path's CPU profile.
     pub fn token_at(topic: &str, partition: u32, offset: u64) -> String {
         encode_marks(std::iter::once((topic, partition, offset)))
     }

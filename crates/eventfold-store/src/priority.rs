@@ -2,16 +2,13 @@
 //!
 //! **Background threads** (the store's flushes and compactions, see
 //! [`crate::StoreOptions::background_nice`]) run at a lower priority: their work can wait
-//! a few milliseconds, a request cannot. Lowering a priority is always permitted. Measured
-//! on the project's 2-core VM, 3 alternated pairs of 10 s at 64 HTTP clients: p99
-//! 7.6-8.4 ms against 8.6-9.8 ms at nice 0, and 3-11% more commands/s.
+//! a few milliseconds, a request cannot. Lowering a priority is always permitted.
+//! Figures: bench/FINDINGS.md, "Moved from code comments".
 //!
 //! **Committer threads** run at a higher one. A committer is the one thread every commit
 //! of its log passes through; whenever it waits for a core, every writer waits with it. On a machine whose cores are busy with request
 //! handling (the tokio workers) and background flushes, the kernel's fair scheduler lets it
-//! wait its turn after each fsync: measured on the project's 2-core VM, the embedded
-//! committer at 1,024 in-process submitters was running 43% of the time and **waiting for
-//! a core 40%** (`/proc/<pid>/task/<tid>/schedstat`), blocked in fsync only the rest. A
+//! wait its turn after each fsync (bench/FINDINGS.md, "Moved from code comments"). A
 //! higher priority (a lower nice value) lets it run as soon as its fsync returns.
 //!
 //! Raising a priority needs `CAP_SYS_NICE` (root has it) or an `RLIMIT_NICE` that allows

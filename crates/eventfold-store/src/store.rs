@@ -40,10 +40,7 @@ pub enum Table {
 /// trigger a compaction into L1 (fjall's default: 4). Their keys arrive spread over the
 /// whole key space (partitions interleave, ids are new), so every flushed table overlaps
 /// all of L1 and each compaction rewrites it: with 4, a sustained in-process load spent
-/// its cores rewriting. Measured on the 2-core VM, one 40-second run each at 1,024
-/// in-process submitters: 86,221 and 80,736 commands/s with 4, 90,353 with 8, 94,563 and
-/// 91,379 with 16; two alternated pairs of 60 seconds, 79,292 / 80,127 with 8 against
-/// 75,699 / 75,143 with 4; no difference over HTTP at 64 clients in 60 seconds. 8 keeps
+/// its cores rewriting (bench/FINDINGS.md, "Moved from code comments"). 8 keeps
 /// clear of fjall's write stall (20 L0 tables) and halt (30) while one compaction runs.
 /// fjall keeps a table's compaction settings from its creation: older stores keep 4.
 /// The `log` table's flushes now write a table per partition (see `LOG_SEQUENCE_PREFIX`),

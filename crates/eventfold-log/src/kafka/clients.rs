@@ -193,8 +193,8 @@ impl Clients {
         config.set("enable.partition.eof", "false");
         // A follower waits for new records: the broker may park its fetch, which it
         // answers as soon as records (or, read_committed, a transaction's commit) arrive.
-        // With the range readers' 20 ms every idle follower cost the broker 50 fetches a
-        // second.
+        // With the range readers' 20 ms every idle follower cost the broker a fetch per
+        // 20 ms.
         if !user_sets(&self.options, "fetch.wait.max.ms") {
             config.set("fetch.wait.max.ms", FOLLOW_FETCH_WAIT_MS);
         }

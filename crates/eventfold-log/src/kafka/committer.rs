@@ -432,10 +432,8 @@ impl Committer {
             // with CONCURRENT_TRANSACTIONS (223 times in 476 transactions at 64 concurrent
             // HTTP clients, `debug=eos`); librdkafka then waits retry.backoff.ms (100 ms by
             // default), growing to retry.backoff.max.ms. The markers take a few ms, so retry
-            // after 1 ms. Against 5/100 ms over 5 alternated pairs (HTTP, medians): one
-            // client p50 4.4 vs 4.8 ms and p90 6.3 vs 8.6 ms; 64 clients 1,692 vs 1,594
-            // commands/s, within the run-to-run spread. (The Java producer special-cases
-            // this with a 20 ms backoff.)
+            // after 1 ms (bench/FINDINGS.md, "Moved from code comments"). (The Java
+            // producer special-cases this with a 20 ms backoff.)
             for (key, value) in [("retry.backoff.ms", "1"), ("retry.backoff.max.ms", "20")] {
                 if !user_sets(o, key) {
                     config.set(key, value);

@@ -40,15 +40,9 @@ pub(super) fn user_sets(options: &KafkaOptions, key: &str) -> bool {
 /// LZ4 is for the broker more than for the bytes. It validates an uncompressed batch
 /// record by record, allocating every record's key, value and headers (an event carries
 /// about eight), while a compressed batch that it keeps as it came is validated without
-/// them. In Java Flight Recorder profiles of the broker at 5,000 commands/s over HTTP,
-/// that record parsing was in the stacks of 14-22% of the allocation samples with
-/// uncompressed batches and of 2.6% with LZ4; the broker's young collections were in
-/// most of the slow half-seconds (`bench/timeline.py`). Measured on the 2-core VM, 3
-/// alternated pairs each (bench/FINDINGS.md): p99 at 5,000/s over HTTP 39.7 / 49.9 /
-/// 40.2 ms against 59.4 / 152.7 / 52.6, and 30,824 / 29,179 / 28,823 commands/s through
-/// the topic against 29,663 / 26,781 / 28,040, the broker using 12.5-13.7 µs per command
-/// there against 14.6-16.8. A new instance's restore pays for it: librdkafka decompresses
-/// what it fetches, and restoring 300,000 commands took about 15% more CPU.
+/// them, which shows in the broker's allocations and p99 (bench/FINDINGS.md, "Moved from
+/// code comments"). A new instance's restore pays for it: librdkafka decompresses what
+/// it fetches.
 ///
 /// `linger.ms` is 1 unless the user sets it (or its alias `queue.buffering.max.ms`): a
 /// transaction hands all its records over at once, and a request then waits at most a

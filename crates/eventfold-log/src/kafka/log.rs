@@ -17,11 +17,8 @@ use tokio::sync::oneshot;
 /// Units of one lane a writer keeps committing at once (`Log::units_in_flight`). A unit's
 /// turn ends only when its group is written locally, after the next transaction began:
 /// with 4, as on the embedded log, a writer under a steady load waited for a free turn and
-/// its commands missed the next transaction. At 5,000 commands/s over HTTP (8
-/// partitions, alternated runs) commands took 27.1 and 31.1 ms on average with 4 against
-/// 18.4 and 22.4 with 16 and 17.1 with 32, while their units' commits took 17-22 ms
-/// either way; through the commands topic, where units are large anyway, the rate did not
-/// change.
+/// its commands missed the next transaction (bench/FINDINGS.md, "Moved from code
+/// comments").
 pub const UNITS_IN_FLIGHT: usize = 32;
 
 /// How long a local read waits for committed transactions to reach the local store.

@@ -264,9 +264,8 @@ pub(super) fn join(
         // A fetch waits in the broker until 64 KiB of commands are there or 20 ms have
         // passed: the latency of a command produced to an idle partition. Returning as
         // soon as one command is there made fetches of one or two commands at a steady
-        // load, each a request for the broker and a wake-up for the member; batched,
-        // a 5,000/s load through the commands topic had p50 about 67 ms and p99
-        // 173-184 ms against 113-115 ms and 573-659 ms.
+        // load, each a request for the broker and a wake-up for the member (figures:
+        // bench/FINDINGS.md, "Moved from code comments").
         .set("fetch.wait.max.ms", "20")
         .set("fetch.min.bytes", "65536");
     for (k, v) in &options.client_config {

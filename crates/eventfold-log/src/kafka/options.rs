@@ -82,12 +82,8 @@ pub struct KafkaOptions {
     /// and `transaction_quiet` cuts the wait short once units stop arriving. The broker's
     /// cost is mostly per transaction (a produce request and a KIP-890 verification per
     /// topic-partition, then the offsets and markers): spacing them trades a few
-    /// milliseconds of latency for a broker with that much less to do. Measured on two
-    /// cores shared with the broker (bench/FINDINGS.md), 20 ms with a 1 ms quiet time
-    /// at 5,000 commands/s over HTTP took the broker's CPU per command from about 142 to
-    /// 122 µs and the p99 from about 52 to 46 ms, and raised the p50 at 1,000/s from
-    /// about 10 to 13 ms; without the quiet time, 64 clients each waiting for its answer
-    /// got a quarter fewer commands through, with it 5-9% more.
+    /// milliseconds of latency for a broker with that much less to do (bench/FINDINGS.md,
+    /// "Moved from code comments").
     pub min_transaction_interval: Duration,
     /// While a lane waits out `min_transaction_interval`, it starts the transaction early
     /// once no unit has arrived for this long (default 1 ms; `None`: it waits the whole
@@ -100,8 +96,8 @@ pub struct KafkaOptions {
     /// holding it (default 250 ms; `None`: never). The store is a cache here, so no commit
     /// syncs it, but fjall syncs the old journal whenever a memtable rotates, holding the
     /// journal meanwhile: with all the data since the last rotation to write, the next
-    /// local writes waited 100-240 ms then (measured at 5,000 commands/s), and every
-    /// command queued behind them. Syncing regularly leaves that rotation little to write.
+    /// local writes waited, and every command queued behind them (bench/FINDINGS.md,
+    /// "Moved from code comments"). Syncing regularly leaves that rotation little to write.
     pub cache_sync_interval: Option<Duration>,
     /// Extra librdkafka properties for every client (e.g. security settings). eventfold's
     /// producers compress with LZ4 unless these set `compression.type` (e.g. `none`).

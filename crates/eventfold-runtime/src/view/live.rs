@@ -188,8 +188,8 @@ impl<P: Projection> Worker<P> {
                     continue;
                 }
                 // Under a steady load, reading again at once made batches of one or two
-                // events: wait for the next notification and the linger (about 5% less
-                // CPU per command for the shop at 10,000 commands/s).
+                // events: wait for the next notification and the linger (less CPU per
+                // command; bench/FINDINGS.md, "Moved from code comments").
                 Ok(_) => idle_polls = 0,
                 // The log's read failed (Kafka: the broker is away): reads are idempotent,
                 // try again from the same checkpoint.

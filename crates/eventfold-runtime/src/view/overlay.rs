@@ -35,7 +35,7 @@ pub(super) struct Overlay {
     hot_bytes: Cell<usize>,
     max_hot_bytes: usize,
     /// Parsed rows taken in, and the memory of those measured ([`heap_bytes`] runs on
-    /// one row in [`SAMPLE`]: walking every row cost 5% of a rebuild); the others are
+    /// one row in [`SAMPLE`]: walking every row was a visible cost of a rebuild); the others are
     /// assumed average.
     pub(super) hot_rows: u64,
     pub(super) sampled: (u64, usize),
