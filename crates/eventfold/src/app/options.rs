@@ -50,8 +50,8 @@ pub struct ServeOptions {
     #[arg(long, env = "EVENTFOLD_INSTANCE_ID", default_value = "local")]
     pub instance_id: String,
     /// Kafka mode: the base URL other instances forward reads to [default:
-    /// http://<--http>, https with --tls-cert]. Set it when --http listens on 0.0.0.0 or
-    /// behind a proxy.
+    /// http(s)://<--http>] (https with --tls-cert). Set it when --http listens on 0.0.0.0
+    /// or behind a proxy.
     #[arg(long, env = "EVENTFOLD_ADVERTISED_HTTP")]
     pub advertised_http: Option<String>,
     /// How long an Idempotency-Key is remembered, in seconds.
