@@ -30,6 +30,9 @@ pub struct HttpOptions {
     pub registry: Option<Arc<Registry>>,
     /// How long a forwarded request waits for the owner's answer to start (10 s).
     pub forward_timeout: Duration,
+    /// What forwarding to an owner serving HTTPS trusts: [`tls::client_config`](crate::tls::client_config) (the
+    /// system's CAs, plus e.g. a private CA). `None`: the system's CAs alone.
+    pub forward_tls: Option<Arc<rustls::ClientConfig>>,
     /// Bearer tokens: every route but the open ones (`Access` in `ROUTES`) needs one with
     /// enough role. `None`: no authentication.
     pub auth: Option<Arc<Auth>>,
@@ -49,6 +52,7 @@ impl Default for HttpOptions {
             view_wait: Duration::from_secs(5),
             registry: None,
             forward_timeout: Duration::from_secs(10),
+            forward_tls: None,
             auth: None,
             max_in_flight: 2048,
             body_read_timeout: Duration::from_secs(10),

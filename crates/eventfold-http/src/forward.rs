@@ -2,12 +2,16 @@
 //! hop, marked with [`FORWARDED_BY`], with the owner's answer streamed back (so an SSE
 //! follow keeps flowing through the instance that received it).
 
+use crate::connector::Connector;
 use crate::error::ApiError;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::TryStreamExt;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Header marking a forwarded request (value: the forwarding instance id): a request
@@ -31,7 +35,7 @@ const HOP_BY_HOP: [&str; 9] = [
 /// Forwards requests to other instances of the cluster.
 #[derive(Debug, Clone)]
 pub struct Forwarder {
-    client: reqwest::Client,
+    client: Client<Connector, Body>,
     instance_id: String,
     /// Bound on reaching the owner and getting its response headers.
     timeout: Duration,
@@ -42,12 +46,17 @@ impl Forwarder {
     /// bounds connecting to the owner and waiting for its response headers; the body is
     /// not bounded (an SSE follow may stream for as long as the client listens).
     pub fn new(instance_id: &str, timeout: Duration) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .expect("a reqwest client without TLS or proxies always builds");
+        Self::with_tls(instance_id, timeout, None)
+    }
+
+    /// As [`new`](Self::new), verifying an owner that serves HTTPS with `tls` (see
+    /// [`client_config`](crate::tls::client_config); `None`: the system's CAs).
+    pub fn with_tls(instance_id: &str, timeout: Duration, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+        let tls = match tls {
+            Some(tls) => tls,
+            None => Arc::new(crate::tls::client_config(Vec::new()).expect("no extra CA: nothing to refuse")),
+        };
+        let client = Client::builder(TokioExecutor::new()).build(Connector::new(tls, timeout));
         Self {
             client,
             instance_id: instance_id.to_owned(),
@@ -75,12 +84,12 @@ impl Forwarder {
         // An instance id that is no valid header value still marks the hop.
         let marker = HeaderValue::from_str(&self.instance_id).unwrap_or(HeaderValue::from_static("unnamed"));
         headers.insert(HeaderName::from_static(FORWARDED_BY), marker);
-        let request = self
-            .client
-            .request(parts.method.clone(), &url)
-            .headers(headers)
-            .body(reqwest::Body::wrap_stream(body.into_data_stream()));
-        let sent = tokio::time::timeout(self.timeout, request.send()).await;
+        let mut request = match build_request(parts.method.clone(), &url, body) {
+            Ok(r) => r,
+            Err(e) => return unavailable(base_url, &self.instance_id, &error_chain(&*e)),
+        };
+        *request.headers_mut() = headers;
+        let sent = tokio::time::timeout(self.timeout, self.client.request(request)).await;
         let response = match sent {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => return unavailable(base_url, &self.instance_id, &error_chain(&e)),
@@ -97,11 +106,11 @@ impl Forwarder {
         if let Some(h) = out.headers_mut() {
             *h = strip_hop_by_hop(response.headers());
         }
-        let stream = response.bytes_stream().map_err(|e| {
+        let body = response.into_body().map_err(|e| {
             tracing::warn!(reason = %error_chain(&e), "the owner's response broke off while being forwarded");
             e
         });
-        out.body(Body::from_stream(stream)).unwrap_or_else(|e| {
+        out.body(Body::new(body)).unwrap_or_else(|e| {
             ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "bad_gateway",
@@ -146,18 +155,18 @@ impl Forwarder {
         let url = format!("{}{path_and_query}", base_url.trim_end_matches('/'));
         let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
         let exchange = async {
-            let mut request = self
-                .client
-                .get(&url)
-                .header(FORWARDED_BY, &self.instance_id)
-                .header(SHARD_PARTITIONS, list.join(","));
+            let mut request = build_request(Method::GET, &url, Body::empty())?;
+            let headers = request.headers_mut();
+            headers.insert(FORWARDED_BY, HeaderValue::from_str(&self.instance_id)?);
+            headers.insert(SHARD_PARTITIONS, HeaderValue::from_str(&list.join(","))?);
             if let Some(credentials) = authorization {
-                request = request.header(header::AUTHORIZATION, credentials.clone());
+                headers.insert(header::AUTHORIZATION, credentials.clone());
             }
-            let response = request.send().await?;
+            let response = self.client.request(request).await?;
             let status = response.status();
             let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
-            Ok::<_, reqwest::Error>((status, retry_after, response.bytes().await?))
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, BoxError>((status, retry_after, body))
         };
         match tokio::time::timeout(self.timeout + extra, exchange).await {
             Ok(Ok((status, retry_after, body))) => Ok(ShardAnswer {
@@ -165,7 +174,7 @@ impl Forwarder {
                 retry_after,
                 body,
             }),
-            Ok(Err(e)) => Err(unavailable(base_url, &self.instance_id, &error_chain(&e))),
+            Ok(Err(e)) => Err(unavailable(base_url, &self.instance_id, &error_chain(&*e))),
             Err(_) => Err(unavailable(
                 base_url,
                 &self.instance_id,
@@ -173,6 +182,14 @@ impl Forwarder {
             )),
         }
     }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request to `url` (the owner's base URL and the path: refused if it is no URI).
+fn build_request(method: Method, url: &str, body: Body) -> Result<hyper::Request<Body>, BoxError> {
+    let uri: Uri = url.parse()?;
+    Ok(hyper::Request::builder().method(method).uri(uri).body(body)?)
 }
 
 /// `headers` without the hop-by-hop ones (those listed in `Connection` too).

@@ -8,6 +8,7 @@
 mod app;
 pub mod auth;
 pub mod cluster;
+mod connector;
 mod error;
 pub mod forward;
 mod guard;
@@ -16,13 +17,14 @@ mod process;
 mod route_table;
 mod routes;
 mod server;
+pub mod tls;
 mod views;
 
 pub use axum::Router;
 pub use error::ApiError;
 pub use route_table::{ROUTES, Route};
 pub use routes::{HttpOptions, router};
-pub use server::{ServerLimits, serve_with};
+pub use server::{ServerLimits, serve_tls, serve_with};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -35,7 +35,7 @@ pub fn router(runtime: Runtime, options: HttpOptions) -> Router {
     let forwarder = options
         .registry
         .as_ref()
-        .map(|r| Forwarder::new(r.instance_id(), options.forward_timeout));
+        .map(|r| Forwarder::with_tls(r.instance_id(), options.forward_timeout, options.forward_tls.clone()));
     let in_flight = Arc::new(Semaphore::new(options.max_in_flight));
     let app = App {
         runtime,

@@ -2,8 +2,11 @@
 //! reading each request's headers, which `axum::serve` does not offer (its hyper builder
 //! has no timer, so hyper's header timeout never fires). Otherwise it serves like
 //! `axum::serve`: HTTP/1.1 with keep-alive, each connection a task, and a graceful stop
-//! that finishes the requests in flight.
+//! that finishes the requests in flight. With [`Tls`], HTTPS only: each connection's
+//! handshake runs in its own task, bounded by the header timeout, so a slow or silent
+//! client holds a connection slot no longer than a slow plain one.
 
+use crate::tls::Tls;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -23,7 +26,8 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// How long a client has to send a request's complete headers, from when the
     /// connection opens or its previous answer went out (10 s): so it is also the idle
-    /// timeout of a kept-alive connection. Past it the connection is closed.
+    /// timeout of a kept-alive connection. Past it the connection is closed. With TLS the
+    /// handshake has this long too, and the headers as long again after it.
     pub header_read_timeout: Duration,
 }
 
@@ -42,6 +46,27 @@ pub async fn serve_with(
     listener: TcpListener,
     router: Router,
     limits: ServerLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    accept_loop(listener, router, limits, None, shutdown).await
+}
+
+/// As [`serve_with`], over TLS: HTTPS only (a plain HTTP request fails its handshake).
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    tls: Tls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    accept_loop(listener, router, limits, Some(tls), shutdown).await
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    tls: Option<Tls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -67,11 +92,31 @@ pub async fn serve_with(
                 }
             },
         };
-        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
-        let conn = graceful.watch(conn);
+        let service = TowerToHyperService::new(router.clone());
+        let Some(tls) = &tls else {
+            let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                drop(permit);
+            });
+            continue;
+        };
+        // The handshake in the connection's task, so that one slow client does not hold
+        // up the accepting; a stop waits for it (bounded) like for a connection.
+        let (acceptor, builder, watcher) = (tls.acceptor.clone(), builder.clone(), graceful.watcher());
+        let handshake_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
             drop(permit);
         });

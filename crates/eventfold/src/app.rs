@@ -274,12 +274,14 @@ impl<F: Args + Send + Sync + 'static> App<F> {
     pub async fn serve(&self, opts: ServeOptions, flags: F) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         opts.check()?;
+        let tls = opts.tls()?;
         let listener = eventfold_http::bind(opts.http)
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}{}", opts.http, bind_hint(&e)))?;
         let addr = listener.local_addr()?;
         // Other instances forward reads to the address really bound (--http may say port 0).
         let mut opts = opts;
-        opts.advertised_http.get_or_insert_with(|| format!("http://{addr}"));
+        let scheme = opts.scheme();
+        opts.advertised_http.get_or_insert_with(|| format!("{scheme}://{addr}"));
         let service = self.start(&opts, &flags)?;
         let name = self.name;
         // Before the service says it serves: a SIGHUP from then on is a reload, never the
@@ -292,6 +294,9 @@ impl<F: Args + Send + Sync + 'static> App<F> {
                     auth.path().display()
                 );
                 reload_on_hangup(name, auth.clone())?;
+                if tls.is_none() && !addr.ip().to_canonical().is_loopback() {
+                    tracing::warn!(%addr, "bearer tokens cross the network in clear text: give --tls-cert and --tls-key, or serve behind a proxy that terminates TLS");
+                }
             }
             None if !addr.ip().to_canonical().is_loopback() => {
                 tracing::warn!(%addr, "serving without authentication (--insecure-no-auth) beyond this machine");
@@ -299,14 +304,14 @@ impl<F: Args + Send + Sync + 'static> App<F> {
             None => {}
         }
         eprintln!(
-            "{name}: serving http://{addr} ({}, {} partitions); restoring, see /readyz",
+            "{name}: serving {scheme}://{addr} ({}, {} partitions); restoring, see /readyz",
             match &opts.kafka {
                 None => format!("embedded log in {}", opts.data_dir().display()),
                 Some(b) => format!("Kafka at {b}, local cache in {}", opts.data_dir().display()),
             },
             opts.partitions,
         );
-        if let Some(hint) = &self.hint {
+        if let Some(hint) = self.hint.as_ref().filter(|_| tls.is_none()) {
             eprintln!("{}", hint(addr));
         }
         // The API (and /readyz, which shows restore progress) answers while the partitions
@@ -329,7 +334,12 @@ impl<F: Args + Send + Sync + 'static> App<F> {
             // Not `eprintln!`: a closed stderr must not turn a graceful stop into a panic.
             let _ = writeln!(std::io::stderr(), "{name}: shutting down");
         };
-        eventfold_http::serve_with(listener, service.router, opts.server_limits(), shutdown).await?;
+        match tls {
+            None => eventfold_http::serve_with(listener, service.router, opts.server_limits(), shutdown).await?,
+            Some(tls) => {
+                eventfold_http::serve_tls(listener, service.router, opts.server_limits(), tls, shutdown).await?
+            }
+        }
         if let Some(registry) = service.registry {
             // Others stop forwarding here at once rather than after the heartbeats run out.
             registry.leave().await;
@@ -378,6 +388,7 @@ impl<F: Args + Send + Sync + 'static> App<F> {
     /// ```
     pub fn start(&self, opts: &ServeOptions, flags: &F) -> anyhow::Result<Running> {
         opts.check()?;
+        let forward_tls = opts.forward_tls()?;
         let dir = opts.data_dir();
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
         let store_options = StoreOptions {
@@ -392,7 +403,7 @@ impl<F: Args + Send + Sync + 'static> App<F> {
         let advertised = opts
             .advertised_http
             .clone()
-            .unwrap_or_else(|| format!("http://{}", opts.http));
+            .unwrap_or_else(|| format!("{}://{}", opts.scheme(), opts.http));
         // Kafka mode: announce this instance and the partitions it owns, for routing.
         let registry = match &opts.kafka {
             None => None,
@@ -435,6 +446,7 @@ impl<F: Args + Send + Sync + 'static> App<F> {
         };
         let runtime = builder.build(log);
         let http = HttpOptions {
+            forward_tls,
             max_body_bytes: opts.max_body_bytes,
             advertised_address: advertised,
             registry: registry.clone(),

@@ -1,19 +1,34 @@
 //! The standard flags every service built with [`App`](super::App) has.
 
+use anyhow::Context as _;
 use eventfold_http::auth::{AuthOptions, RateLimit};
+use eventfold_http::tls::{self, ClientConfig, Tls};
 use eventfold_http::{HttpOptions, ServerLimits};
 use eventfold_log::kafka::{KafkaOptions, MAX_TRANSACTION_INTERVAL};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The standard flags of a service (every flag also reads an `EVENTFOLD_*` environment
 /// variable).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeOptions {
-    /// Address to serve HTTP on.
+    /// Address to serve HTTP on (HTTPS only, with --tls-cert).
     #[arg(long, env = "EVENTFOLD_HTTP", default_value = "127.0.0.1:8080")]
     pub http: SocketAddr,
+    /// Serve HTTPS only, with this certificate chain (PEM, the service's certificate
+    /// first); needs --tls-key.
+    #[arg(long, env = "EVENTFOLD_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "EVENTFOLD_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Kafka mode: CA certificates (PEM) trusted besides the system's when forwarding a
+    /// read to an instance serving HTTPS, e.g. the private CA that signed the instances'
+    /// certificates.
+    #[arg(long, env = "EVENTFOLD_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
     /// Directory of the embedded store; by default `$XDG_DATA_HOME/eventfold/<app-id>`, or
     /// `~/.local/share/eventfold/<app-id>` when `XDG_DATA_HOME` is not set.
     #[arg(long, env = "EVENTFOLD_DATA_DIR")]
@@ -35,7 +50,8 @@ pub struct ServeOptions {
     #[arg(long, env = "EVENTFOLD_INSTANCE_ID", default_value = "local")]
     pub instance_id: String,
     /// Kafka mode: the base URL other instances forward reads to [default:
-    /// http://<--http>]. Set it when --http listens on 0.0.0.0 or behind a proxy.
+    /// http(s)://<--http>] (https with --tls-cert). Set it when --http listens on 0.0.0.0
+    /// or behind a proxy.
     #[arg(long, env = "EVENTFOLD_ADVERTISED_HTTP")]
     pub advertised_http: Option<String>,
     /// How long an Idempotency-Key is remembered, in seconds.
@@ -203,6 +219,9 @@ impl ServeOptions {
         if self.partitions == 0 || self.partitions > 1024 {
             anyhow::bail!("--partitions must be between 1 and 1024, got {}", self.partitions);
         }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            anyhow::bail!("--tls-cert and --tls-key go together: give both (HTTPS) or neither (HTTP)");
+        }
         if self.auth_tokens.is_some() && self.insecure_no_auth {
             anyhow::bail!("--auth-tokens and --insecure-no-auth contradict each other: give one");
         }
@@ -216,6 +235,32 @@ impl ServeOptions {
             );
         }
         Ok(())
+    }
+
+    /// The scheme the service answers in: `https` with --tls-cert.
+    pub(crate) fn scheme(&self) -> &'static str {
+        if self.tls_cert.is_some() { "https" } else { "http" }
+    }
+
+    /// The server's certificate and key (None: plain HTTP). A file that does not parse
+    /// stops the start, naming it.
+    pub(crate) fn tls(&self) -> anyhow::Result<Option<Tls>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let tls = Tls::from_pem_files(cert, key).context("--tls-cert/--tls-key: cannot serve HTTPS")?;
+        Ok(Some(tls))
+    }
+
+    /// What forwarding trusts: with --tls-ca, the system's CAs and that file's; None: the
+    /// system's alone (the forwarder's default).
+    pub(crate) fn forward_tls(&self) -> anyhow::Result<Option<Arc<ClientConfig>>> {
+        let Some(path) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let certs = tls::certificates(path).context("--tls-ca: cannot trust it")?;
+        let config = tls::client_config(certs).with_context(|| format!("--tls-ca {}", path.display()))?;
+        Ok(Some(Arc::new(config)))
     }
 
     /// The token file's options from the flags.
