@@ -80,12 +80,27 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     raise SystemExit(f"the shop was not ready at {base}/readyz within {timeout:.0f} s")
 
 
+# The shop is fuzzed as a secured deployment: bearer tokens on, the fuzzer sending an admin
+# token, so the document's `Authorization` header is required and a request without it or
+# with another gets 401 (checked too). Test credential, generated per run.
+TOKEN = uuid.uuid4().hex
+
+
+def token_file(shop: Path, data: Path) -> Path:
+    path = data / "tokens"
+    line = subprocess.run([str(shop), "auth", "hash-token", "fuzz", "admin"], input=TOKEN + "\n",
+                          capture_output=True, text=True, check=True).stdout
+    path.write_text(line)
+    return path
+
+
 def seed(base: str) -> None:
     """A few real orders, so that reads of existing aggregates and view rows are fuzzed too."""
     for i in range(3):
         body = b'{"type":"PlaceOrder","customer_id":"c-%d","items":[{"sku":"sku-1","qty":1,"price_cents":100}]}' % i
-        req = urllib.request.Request(f"{base}/v1/aggregates/order/o-{i}/commands", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        req = urllib.request.Request(f"{base}/v1/aggregates/order/o-{i}/commands", data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {TOKEN}"})
         try:
             urllib.request.urlopen(req, timeout=10).read()
         except urllib.error.HTTPError as e:
@@ -96,7 +111,8 @@ def fuzz(args, backend: str, exe: Path) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     data = Path(tempfile.mkdtemp(prefix=f"eventfold-fuzz-{backend}-"))
-    cmd = [str(args.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--partitions", "2"]
+    cmd = [str(args.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--partitions", "2",
+           "--auth-tokens", str(token_file(args.bin / "shop", data))]
     if backend == "kafka":
         bootstrap = os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP")
         if not bootstrap:
@@ -122,7 +138,10 @@ def fuzz(args, backend: str, exe: Path) -> int:
                     "--max-examples", str(args.max_examples),
                     "--request-timeout", str(args.request_timeout),
                     "--max-response-time", str(args.request_timeout),
-                    "--workers", "2", "--seed", str(args.seed),
+                    "-H", f"Authorization: Bearer {TOKEN}",
+                    # One worker: hypothesis's lambda descriptions (CPython 3.11 `compile`) fail
+                    # with "AST constructor recursion depth mismatch" under two threads.
+                    "--workers", "1", "--seed", str(args.seed),
                     "--phases", "examples,coverage,fuzzing",
                     "--suppress-health-check", "all",
                     "--no-color"]
