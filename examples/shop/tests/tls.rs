@@ -4,7 +4,8 @@
 
 mod common;
 
-#[path = "common/certs.rs"]
+// The HTTP crate's test helper, one copy for both crates.
+#[path = "../../../crates/eventfold-http/tests/support/certs.rs"]
 mod certs;
 
 use common::{Shop, kafka_bootstrap, spawn_service};
