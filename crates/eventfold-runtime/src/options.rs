@@ -26,7 +26,10 @@ pub struct RuntimeOptions {
     /// dedup table drop the records past the window (and the whole table is compacted once
     /// per window). Expired records are ignored at once, whether dropped yet or not.
     pub dedup_sweep_every: Duration,
-    /// Aggregates kept in memory per partition (100,000).
+    /// Aggregates of one type kept in memory, over all its partitions (100,000): each
+    /// partition keeps at most this divided by the partition count, beyond which it
+    /// drops all but the aggregates of batches still committing. The memory it bounds is
+    /// this times the size of a state (a few hundred bytes for the shop's orders).
     pub cache_limit: usize,
     /// Batches per partition whose commit may be under way at once (`None`: the log's
     /// `Log::units_in_flight`, 4 on the embedded log, 32 on Kafka): processing of the next

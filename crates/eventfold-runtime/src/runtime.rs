@@ -353,7 +353,9 @@ fn start<A: Aggregate>(
             max_batch: options.max_batch,
             dedup_window_ms: options.dedup_window.as_millis() as i64,
             dedup_sweep_every: options.dedup_sweep_every,
-            cache_limit: options.cache_limit,
+            // A bound for the aggregate type, not per partition: memory then does not
+            // grow with the partition count.
+            cache_limit: options.cache_limit / log.partitions().max(1) as usize,
             max_inflight: options
                 .max_inflight_commits
                 .unwrap_or_else(|| log.units_in_flight())

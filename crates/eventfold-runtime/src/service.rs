@@ -45,8 +45,9 @@ pub struct PartitionReport {
     /// Why it failed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Aggregates its processor keeps in memory (at most about
-    /// `RuntimeOptions::cache_limit`); in `/metrics` only.
+    /// Aggregates its processor keeps in memory (at most about its share of
+    /// `RuntimeOptions::cache_limit`, which bounds the type's partitions together); in
+    /// `/metrics` only.
     #[serde(skip)]
     pub cached_aggregates: u64,
 }

@@ -492,3 +492,44 @@ async fn the_aggregate_cache_keeps_its_limit_while_commits_are_always_under_way(
         "exported"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_limit_bounds_the_aggregates_cached_over_all_partitions() {
+    // 800 new aggregates over 4 partitions, 16 at a time, with a limit of 40 for the type:
+    // once every command of a round is answered, the partitions together hold at most 40
+    // (a limit per partition would let them hold 160).
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder(RuntimeOptions {
+        cache_limit: 40,
+        ..Default::default()
+    })
+    .aggregate::<Counter>(())
+    .build(embedded(&dir, 4));
+    let svc = rt.aggregate("counter").unwrap().clone();
+    let cached = || rt.partitions().iter().map(|p| p.cached_aggregates).sum::<u64>();
+    let mut most = 0;
+    for round in 0..50u64 {
+        let tasks: Vec<_> = (0..16u64)
+            .map(|i| {
+                let svc = svc.clone();
+                tokio::spawn(async move { svc.submit(add(&format!("new-{round}-{i}"), 1, None)).await })
+            })
+            .collect();
+        for t in tasks {
+            let outcome = t.await.unwrap().expect("commits");
+            assert!(
+                matches!(outcome, Outcome::Accepted(ref a) if a.version == 1),
+                "{outcome:?}"
+            );
+        }
+        let now = cached();
+        assert!(now <= 40, "round {round}: {now} aggregates cached with a limit of 40");
+        most = most.max(now);
+    }
+    assert!(most >= 16, "the cache was used: at most {most} aggregates in it");
+    // Cached aggregates still answer with their newest version.
+    match svc.submit(add("new-49-15", 1, None)).await.unwrap() {
+        Outcome::Accepted(a) => assert_eq!(a.version, 2),
+        other => panic!("{other:?}"),
+    }
+}

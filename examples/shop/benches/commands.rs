@@ -41,7 +41,7 @@ struct Nice {
 struct Setup {
     fsync: bool,
     nice: Nice,
-    /// `RuntimeOptions::cache_limit`: aggregates kept in memory per partition.
+    /// `RuntimeOptions::cache_limit`: aggregates kept in memory over all partitions.
     cache_limit: usize,
     /// `RuntimeOptions::state_every`: an aggregate's state is stored every N versions.
     state_every: u64,

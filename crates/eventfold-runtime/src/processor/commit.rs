@@ -63,6 +63,11 @@ impl<A: Aggregate> Processor<A> {
             written: plan.written,
             started: Instant::now(),
         });
+        // Evicted here, where the cache grows, so that it never holds more than its limit
+        // but for the aggregates of units still committing (this one's included).
+        if self.cache.len() > self.cfg.cache_limit {
+            self.evict();
+        }
     }
 
     /// Moves the consumed offset to `consumed` if that is further; the offset a unit
@@ -97,6 +102,9 @@ impl<A: Aggregate> Processor<A> {
     /// reloading one cannot go back to a version that is still committing. Under a
     /// steady load some unit is always in flight, so waiting until none is (as this did
     /// before) let the cache grow past its limit for as long as the load lasted.
+    /// Everything else goes at once, not the oldest first: a new batch's aggregates come
+    /// back from the store on their next command, and clearing costs no bookkeeping per
+    /// hit.
     fn evict(&mut self) {
         if self.inflight.is_empty() {
             self.cache.clear();
@@ -160,6 +168,7 @@ impl<A: Aggregate> Processor<A> {
         for id in &done.commands {
             self.inflight_ids.remove(id);
         }
+        // The aggregates of this unit can go now that the store holds them.
         if self.cache.len() > self.cfg.cache_limit {
             self.evict();
         }
