@@ -95,6 +95,10 @@ const OLD_DEDUP_EXPIRY: &str = "dedup_expiry";
 pub struct StoreOptions {
     /// Block cache size in bytes.
     pub cache_bytes: u64,
+    /// Most bytes of journal kept (at least 64 MiB): past it, the tables whose memtables
+    /// hold the oldest journal's writes are flushed. Unflushed writes sit in memtables,
+    /// so this bounds their memory too. Default 512 MiB (fjall's).
+    pub journal_bytes: u64,
     /// A temporary database (deleted when dropped); for tests and benchmarks.
     pub temporary: bool,
     /// Nice value of the store's background threads (flushes, compactions; Linux): a
@@ -111,6 +115,9 @@ pub struct StoreOptions {
     pub spare_journals: bool,
 }
 
+/// The smallest [`StoreOptions::journal_bytes`] (fjall's).
+pub const MIN_JOURNAL_BYTES: u64 = 64 << 20;
+
 /// The default [`StoreOptions::background_nice`].
 pub const DEFAULT_BACKGROUND_NICE: i32 = 10;
 
@@ -126,6 +133,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             cache_bytes: 256 << 20,
+            journal_bytes: 512 << 20,
             temporary: false,
             background_nice: DEFAULT_BACKGROUND_NICE,
             spare_journals: true,
@@ -646,6 +654,7 @@ impl Store {
         }
         let db = Database::builder(path)
             .cache_size(options.cache_bytes)
+            .max_journaling_size(options.journal_bytes.max(MIN_JOURNAL_BYTES))
             .manual_journal_persist(true)
             .spare_journals(options.spare_journals)
             .temporary(options.temporary)

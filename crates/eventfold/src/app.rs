@@ -391,10 +391,15 @@ impl<F: Args + Send + Sync + 'static> App<F> {
         let forward_tls = opts.forward_tls()?;
         let dir = opts.data_dir();
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        let store_bytes = opts.store_memory_mb << 20;
         let store_options = StoreOptions {
             background_nice: opts.background_nice,
             // In Kafka mode the store is a cache whose writes are never synced one by one.
             spare_journals: opts.kafka.is_none(),
+            // Unflushed writes and cached blocks were most of a long run's memory
+            // (bench/FINDINGS.md, "Memory of the embedded shop").
+            cache_bytes: store_bytes / 4,
+            journal_bytes: store_bytes - store_bytes / 4,
             ..StoreOptions::default()
         };
         let store =
@@ -648,6 +653,7 @@ impl ServeOptions {
             dedup_window: Duration::from_secs(self.dedup_window_secs),
             command_timeout: Duration::from_secs(self.command_timeout_secs),
             restore_bulk_min_records: self.bulk_min_records,
+            cache_limit: self.cache_limit,
             ..Default::default()
         }
     }

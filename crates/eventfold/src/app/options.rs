@@ -5,6 +5,7 @@ use eventfold_http::auth::{AuthOptions, RateLimit};
 use eventfold_http::tls::{self, ClientConfig, Tls};
 use eventfold_http::{HttpOptions, ServerLimits};
 use eventfold_log::kafka::{KafkaOptions, MAX_TRANSACTION_INTERVAL};
+use eventfold_runtime::RuntimeOptions;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,6 +114,16 @@ pub struct ServeOptions {
     /// no checkpoint (events; its rows appear when it is done).
     #[arg(long, env = "EVENTFOLD_BULK_MIN_RECORDS", default_value_t = 50_000)]
     pub bulk_min_records: u64,
+    /// Aggregates of each type kept in memory, over all partitions (split evenly between
+    /// them): the bound on the command path's memory; 0 keeps none between batches (every
+    /// command loads its aggregate from the store).
+    #[arg(long, env = "EVENTFOLD_CACHE_LIMIT", value_name = "N", default_value_t = RuntimeOptions::default().cache_limit)]
+    pub cache_limit: usize,
+    /// Memory of the local store, in MiB (at least 128): a quarter is its block cache,
+    /// the rest bounds the writes its memtables hold before they are flushed (the
+    /// journal kept).
+    #[arg(long, env = "EVENTFOLD_STORE_MEMORY_MB", value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(128..=1 << 20))]
+    pub store_memory_mb: u64,
     /// Disable fsync of commits. Unsafe: only for throwaway benchmarks.
     #[arg(long, env = "EVENTFOLD_NO_FSYNC")]
     pub no_fsync: bool,
