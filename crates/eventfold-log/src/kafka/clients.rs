@@ -137,7 +137,9 @@ impl Clients {
             _ => match end() {
                 Ok(end) => end,
                 Err(e) => {
-                    parked.map(|p| self.readers.release(p.reader));
+                    if let Some(p) = parked {
+                        self.readers.release(p.reader);
+                    }
                     return Err(e);
                 }
             },
