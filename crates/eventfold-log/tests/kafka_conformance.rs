@@ -1345,3 +1345,65 @@ async fn a_paused_partition_waits_while_the_others_flow() {
         }
     }
 }
+
+/// Reads of a partition in chunks (a restore, a catch-up) go on where the previous chunk
+/// stopped, with the reader parked there: together they return what one read returns, at
+/// the same offsets, markers skipped, and records committed between two chunks (by this
+/// log: read-your-writes) are read too, not cut off at the end an earlier chunk took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_reads_go_on_where_the_previous_chunk_stopped() {
+    let bootstrap = require_broker();
+    let prefix = format!("chunks-{}", uuid::Uuid::now_v7().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_log(options(&bootstrap, 2, &prefix), &dir, "a").await;
+    // The state topic is not kept in the cache: every read goes to the broker.
+    let state: Arc<str> = Arc::from(format!("{prefix}.order.state"));
+    let commit = |from: u64, n: u64| {
+        let units: Vec<_> = (from..from + n)
+            .map(|k| CommitUnit {
+                appends: vec![Append {
+                    topic: state.clone(),
+                    partition: 1,
+                    record: eventfold_core::Record {
+                        key: format!("k-{k}").into_bytes(),
+                        value: k.to_string().into_bytes(),
+                        headers: vec![],
+                        timestamp_ms: now_ms(),
+                    },
+                    entity: None,
+                }],
+                ..Default::default()
+            })
+            .map(|u| log.commit(u))
+            .collect();
+        async move {
+            for u in units {
+                u.await.unwrap();
+            }
+        }
+    };
+    for k in (0..60).step_by(6) {
+        commit(k, 6).await; // several transactions: markers between the records
+    }
+    let (mut got, mut from, mut chunks) = (Vec::new(), 0, 0);
+    loop {
+        let chunk = log.read(&state, 1, from, 7).await.unwrap();
+        let Some(last) = chunk.last().map(|(o, _)| *o) else {
+            break;
+        };
+        assert!(chunk.len() <= 7);
+        got.extend(chunk);
+        from = last + 1;
+        chunks += 1;
+        if chunks == 3 {
+            commit(60, 10).await; // past the end the first chunks took
+        }
+    }
+    let values: Vec<String> = got
+        .iter()
+        .map(|(_, r)| String::from_utf8(r.value.clone()).unwrap())
+        .collect();
+    assert_eq!(values, (0..70).map(|k| k.to_string()).collect::<Vec<_>>());
+    let whole = log.read(&state, 1, 0, 1000).await.unwrap();
+    assert_eq!(got, whole, "chunks and one read agree, offsets included");
+}

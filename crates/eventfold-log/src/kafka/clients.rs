@@ -3,6 +3,7 @@
 
 use super::common::{consumer_config, kafka_error, producer_config, to_record, user_sets};
 use super::options::KafkaOptions;
+use super::readers::Quiet;
 use crate::{Error, Result};
 use eventfold_core::Record;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
@@ -14,43 +15,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Readers kept for reuse; more are created under concurrency and dropped past this.
-const MAX_IDLE_READERS: usize = 8;
-
-/// The context of eventfold's consumers: a partition's end is an expected event of every
-/// read (`enable.partition.eof`), not an error worth a log line; everything else is logged.
-/// It keeps librdkafka's last error-level log line (e.g. a failed SASL authentication), which
-/// a call that only times out does not name.
-#[derive(Debug, Default)]
-pub(super) struct Quiet {
-    last_error: Mutex<Option<String>>,
-}
-
-impl Quiet {
-    /// librdkafka's last error-level log line of this client, if any.
-    pub(super) fn last_error(&self) -> Option<String> {
-        self.last_error.lock().expect("last error lock").clone()
-    }
-}
-
-impl rdkafka::client::ClientContext for Quiet {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        if matches!(level, L::Emerg | L::Alert | L::Critical | L::Error) {
-            tracing::debug!(target: "librdkafka", fac, "{message}");
-            *self.last_error.lock().expect("last error lock") = Some(message.to_owned());
-        }
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
-            tracing::error!(%error, reason, "librdkafka error");
-        }
-    }
-}
-
-impl rdkafka::consumer::ConsumerContext for Quiet {}
-
 pub(super) struct Clients {
     options: KafkaOptions,
     /// Watermark queries and the reachability check.
@@ -58,7 +22,7 @@ pub(super) struct Clients {
     /// High watermark queries (`read_uncommitted`: the end of the log, open transactions
     /// included).
     meta_uncommitted: BaseConsumer<Quiet>,
-    readers: Mutex<Vec<BaseConsumer<Quiet>>>,
+    readers: super::readers::Readers,
     groups: Mutex<HashMap<String, Arc<BaseConsumer<Quiet>>>>,
     /// Groups this log joined (`Coordinated::join`): their member's metadata goes into transactions.
     joined: Mutex<HashMap<String, Arc<super::member::Control>>>,
@@ -78,7 +42,7 @@ impl Clients {
             options: options.clone(),
             meta,
             meta_uncommitted,
-            readers: Mutex::new(Vec::new()),
+            readers: Default::default(),
             groups: Mutex::new(HashMap::new()),
             joined: Mutex::new(HashMap::new()),
             sender: Mutex::new(None),
@@ -156,32 +120,62 @@ impl Clients {
         u64::try_from(high).map_err(|_| Error::Kafka(format!("negative high watermark {high} for {topic}/{partition}")))
     }
 
-    /// Reads committed records of `topic`/`partition` in `from..end` (at most `max`).
+    /// Reads committed records of `topic`/`partition` from `from` (at most `max`) up to
+    /// an end: `end()` (a last stable offset), or the one a reader parked at `from` took if
+    /// that still covers `ours` (this log's own commits there). `None`: nothing to read.
     pub(super) fn read(
         &self,
-        topic: &str,
-        partition: u32,
+        (topic, partition): (&str, u32),
         from: u64,
-        end: u64,
         max: usize,
-    ) -> Result<Vec<(u64, Record)>> {
-        let reader = match self.readers.lock().expect("readers lock").pop() {
-            Some(r) => r,
+        ours: u64,
+        end: impl FnOnce() -> Result<u64>,
+    ) -> Result<Option<Vec<(u64, Record)>>> {
+        let parked = self.readers.take_parked(topic, partition, from);
+        let end = match &parked {
+            Some(p) if p.end > from && p.end >= ours => p.end,
+            _ => match end() {
+                Ok(end) => end,
+                Err(e) => {
+                    if let Some(p) = parked {
+                        self.readers.release(p.reader);
+                    }
+                    return Err(e);
+                }
+            },
+        };
+        if max == 0 || from >= end {
+            if let Some(p) = parked {
+                self.readers.park(topic, partition, p.reader, from, end);
+            }
+            return Ok(None);
+        }
+        let (reader, assigned) = match parked {
+            Some(p) => (p.reader, true),
             // librdkafka refuses `assign` without a group id; this group never joins
             // nor commits.
-            None => consumer_config(&self.options, Some(&self.reader_group()))
-                .create_with_context(Quiet::default())
-                .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
+            None => match self.readers.take_idle() {
+                Some(r) => (r, false),
+                None => (
+                    consumer_config(&self.options, Some(&self.reader_group()))
+                        .create_with_context(Quiet::default())
+                        .map_err(|e| kafka_error("cannot create a Kafka consumer", e))?,
+                    false,
+                ),
+            },
         };
-        let got = read_range(&reader, topic, partition, from, end, max, self.timeout());
+        let range = (from, end, max);
+        let got = read_range(&reader, topic, partition, range, assigned, self.timeout());
         // A reader that failed is dropped rather than reused in an unknown state.
-        if got.is_ok() && reader.unassign().is_ok() {
-            let mut idle = self.readers.lock().expect("readers lock");
-            if idle.len() < MAX_IDLE_READERS {
-                idle.push(reader);
+        if let Ok(out) = &got {
+            match out.last() {
+                Some((last, _)) if out.len() >= max && last + 1 < end => {
+                    self.readers.park(topic, partition, reader, last + 1, end)
+                }
+                _ => self.readers.release(reader),
             }
         }
-        got
+        got.map(Some)
     }
 
     /// A `read_committed` consumer assigned to `starts`, polled by a thread of its own
@@ -307,8 +301,6 @@ impl Clients {
     }
 }
 
-/// Assigns `reader` to the partition at `from` and polls until `max` records, the end
-/// (`end`, a last stable offset taken before), or the partition EOF; bounded by `timeout`.
 /// Most records handed over in one batch of a follower.
 const FOLLOW_BATCH_MAX: usize = 512;
 
@@ -371,21 +363,25 @@ fn follow_loop(
     }
 }
 
+/// Assigns `reader` to the partition at `from` (unless it is `assigned` there already,
+/// parked) and polls until `max` records, the end (`end`, a last stable offset taken
+/// before), or the partition EOF; bounded by `timeout`.
 fn read_range(
     reader: &BaseConsumer<Quiet>,
     topic: &str,
     partition: u32,
-    from: u64,
-    end: u64,
-    max: usize,
+    (from, end, max): (u64, u64, usize),
+    assigned: bool,
     timeout: Duration,
 ) -> Result<Vec<(u64, Record)>> {
     let p = partition as i32;
     let what = || format!("cannot read {topic}/{partition} from {from}");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, p, Offset::Offset(from as i64))
-        .map_err(|e| kafka_error(&what(), e))?;
-    reader.assign(&tpl).map_err(|e| kafka_error(&what(), e))?;
+    if !assigned {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, p, Offset::Offset(from as i64))
+            .map_err(|e| kafka_error(&what(), e))?;
+        reader.assign(&tpl).map_err(|e| kafka_error(&what(), e))?;
+    }
     let deadline = Instant::now() + timeout;
     let mut out: Vec<(u64, Record)> = Vec::with_capacity(max.min(1024));
     let mut next = from;

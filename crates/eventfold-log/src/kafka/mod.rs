@@ -80,6 +80,8 @@ mod options;
 #[cfg(feature = "kafka")]
 mod provision;
 #[cfg(feature = "kafka")]
+mod readers;
+#[cfg(feature = "kafka")]
 mod shared;
 
 #[cfg(feature = "kafka")]

@@ -205,12 +205,15 @@ impl Shared {
     }
 
     pub(super) fn read(&self, topic: &str, partition: u32, from: u64, max: usize) -> Result<Vec<(u64, Record)>> {
-        let end = self.end_offset(topic, partition)?;
-        if max == 0 || from >= end {
-            return Ok(Vec::new());
+        let ours = self.committed_end(topic, partition);
+        let end = || self.end_offset(topic, partition);
+        match self.clients.read((topic, partition), from, max, ours, end)? {
+            Some(records) => {
+                self.stats.broker_reads.fetch_add(1, Ordering::Relaxed);
+                Ok(records)
+            }
+            None => Ok(Vec::new()),
         }
-        self.stats.broker_reads.fetch_add(1, Ordering::Relaxed);
-        self.clients.read(topic, partition, from, end, max)
     }
 
     pub(super) fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Result<Option<u64>> {
