@@ -9,7 +9,14 @@ Scenarios (each records its parameters in the results):
             (exactly_once_v2), same broker and partition count, same command stream
             (`eventfold load-topic`: produced to <app>.order.commands, results read
             read_committed from <app>.order.results): max throughput and latency at a
-            fixed rate; plus eventfold through HTTP.
+            fixed rate; plus eventfold through HTTP. The peer at its best (issue 57):
+            swept over commit.interval.ms first, for max rate (--ks-throughput-commit-
+            intervals, most commands/s wins) and at the fixed rate (--ks-commit-intervals,
+            lowest p99 wins), --ks-sweep-passes times; num.stream.threads = the cores and
+            its record cache stated (--ks-threads, --ks-cache-max-bytes). Then --runs
+            pairs (this build's systems and the peer at its winners, the order reversed
+            every other pair), every fixed-rate topic run after --latency-warmup-commands
+            at that rate; ratios per pair and their median, against issue 57's aims.
   restore   time from process start to /readyz ready with N aggregates, embedded
             (restart on the same data dir) and Kafka (a new instance on an empty cache).
   views     view queries over HTTP on the embedded shop after N orders: key lookups
@@ -24,6 +31,9 @@ Scenarios (each records its parameters in the results):
             shipped it (`eventfold load --workload flows`): latency from the ConfirmOrder
             answer to OrderShipped readable at a fixed rate (default 2,000 flows/s; aim p99
             under 50 ms), and the most completed flows/s with N flows in flight.
+  memory    the embedded shop, default flags, --memory-n new orders at full rate over
+            HTTP (64 clients): VmRSS and VmHWM at the end, VmRSS sampled once a second
+            (issue 57's aim: at most 512 MB after 1,000,000).
   kafka-flows
             the same flow in Kafka mode (issue 53): the shop (`--kafka`, its process
             manager) vs the Kafka Streams peer with `--flows` (order and payment processors,
@@ -36,10 +46,17 @@ Scenarios (each records its parameters in the results):
             median fixed-rate p99) picks it first. Then pairs of runs, eventfold and the peer, each warmed up,
             the order within a pair alternated. Aim: eventfold's p99 at most 0.5x the peer's.
 
-  --baseline-shop OLD_BINARY works for the embedded, kafka and views scenarios too: the old
-  shop is measured right after this build's in every run (system "baseline"; views: both
-  shops hold the same orders and serve side by side, the first of each pair alternates),
+  --baseline-shop OLD_BINARY works for the embedded, kafka, views and memory scenarios too:
+  the old shop is measured beside this build's in every run (system "baseline"; the first
+  of each pair alternates; views: both shops hold the same orders and serve side by side),
   and the tables give this build / baseline ratios.
+
+  Service CPU per accepted command (embedded, kafka): the service process's utime + stime
+  (/proc/<pid>/stat) before and after each load run / the commands it accepted; issue 57
+  wants this build's lower than the baseline's in the same run.
+
+  Aims: scenarios with aims (embedded, kafka, restore, memory: issue 57; flows, kafka-flows:
+  issue 53) list each with its figure and pass/fail in results.md; a smoke run judges none.
 
   --timeline (kafka scenario) samples every HTTP 5,000/s run with bench/timeline.py: the
   windows go to <out>/timelines/<system>-<run>.tsv, and each run's result gets a
@@ -53,6 +70,7 @@ Usage:
   bench/run.py                      full run (several minutes per scenario)
   bench/run.py --smoke              seconds per run, small N (what CI runs)
   bench/run.py --scenarios kafka --runs 5
+  bench/run.py --scenarios memory --baseline-shop /tmp/shop-before
   bench/run.py --scenarios kafka-flows --runs 3 --bootstrap 127.0.0.1:9192
   bench/run.py --scenarios rebuild --baseline-shop /tmp/shop-before
   bench/run.py --scenarios embedded --no-peers --baseline-shop /tmp/shop-before
