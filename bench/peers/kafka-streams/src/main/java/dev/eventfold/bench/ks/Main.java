@@ -53,6 +53,10 @@ public final class Main {
               --commit-interval-ms N    commit.interval.ms: how often a transaction commits,
                                         hence the floor of read_committed latency.
                                         Default: 100 (Kafka Streams' default under EOS).
+              --cache-max-bytes N       statestore.cache.max.bytes: the record cache in
+                                        front of the order-state store, shared by the
+                                        threads; 0 turns it off. Default: 10485760
+                                        (Kafka Streams' default, 10 MiB).
               --flows                   Run the payment aggregate and the order flow too
                                         (three more topics; the order topics are the same).
               --decline-above-cents N   With --flows: payments above N cents are declined
@@ -68,6 +72,9 @@ public final class Main {
             Log level: -Dorg.slf4j.simpleLogger.defaultLogLevel=info (default warn).
             """;
 
+    /** Kafka Streams' own default for statestore.cache.max.bytes (10 MiB). */
+    static final long DEFAULT_CACHE_MAX_BYTES = 10L * 1024 * 1024;
+
     private Main() {}
 
     /** Parsed command line. */
@@ -78,6 +85,7 @@ public final class Main {
             String stateDir,
             int threads,
             long commitIntervalMs,
+            long cacheMaxBytes,
             boolean reset,
             PeerTopology.Flows flows) {}
 
@@ -94,7 +102,7 @@ public final class Main {
         boolean flows = false;
         List<String> known = List.of(
                 "--bootstrap", "--app-id", "--partitions", "--state-dir", "--threads", "--commit-interval-ms",
-                "--decline-above-cents");
+                "--decline-above-cents", "--cache-max-bytes");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (a.equals("--reset")) {
@@ -134,12 +142,13 @@ public final class Main {
         int partitions = (int) number(values, "--partitions", 8, 1, 10_000);
         int threads = (int) number(values, "--threads", 2, 1, 256);
         long commit = number(values, "--commit-interval-ms", 100, 1, 3_600_000);
+        long cache = number(values, "--cache-max-bytes", DEFAULT_CACHE_MAX_BYTES, 0, Long.MAX_VALUE);
         String stateDir = values.getOrDefault("--state-dir", "/tmp/ks-peer-state/" + appId);
         long decline = number(values, "--decline-above-cents", Payment.DEFAULT_DECLINE_ABOVE_CENTS, 0, Long.MAX_VALUE);
         if (values.containsKey("--decline-above-cents") && !flows) {
             throw new UsageError("--decline-above-cents needs --flows");
         }
-        return new Options(bootstrap, appId, partitions, stateDir, threads, commit, reset,
+        return new Options(bootstrap, appId, partitions, stateDir, threads, commit, cache, reset,
                 flows ? new PeerTopology.Flows(decline) : null);
     }
 
@@ -168,6 +177,7 @@ public final class Main {
         p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, Integer.toString(o.threads()));
         p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, Long.toString(o.commitIntervalMs()));
         p.put(StreamsConfig.STATE_DIR_CONFIG, o.stateDir());
+        p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, Long.toString(o.cacheMaxBytes()));
         return p;
     }
 
