@@ -270,7 +270,8 @@ async fn the_listings_show_types_views_and_process_managers_with_their_real_stat
     assert_eq!(v["lag"], 0);
     assert_eq!(v["version"], 1);
     assert_eq!(v["source"], "counter");
-    assert_eq!(v["scope"], "partitioned");
+    // A unique index makes a view replicated (a value must be unique across all rows).
+    assert_eq!(v["scope"], "replicated");
     assert!(v.get("building").is_none(), "no rebuild runs: {v}");
     assert_eq!(
         v["indexes"],
