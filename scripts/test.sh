@@ -2,7 +2,7 @@
 # Runs every check and test of eventfold: formatting, lints, rustdoc, then a real Apache Kafka
 # broker that this script starts and stops itself, the Rust test suite against it (unit,
 # conformance of both log backends, HTTP contract, crash tests), the broker smoke test, the
-# API fuzzer on both backends, and
+# API fuzzer on both backends, the web console in headless Chromium, and
 # the benchmark suite in smoke mode (with its Kafka Streams and cqrs-es/PostgreSQL peers).
 #
 # Usage: scripts/test.sh            (what CI runs, via .ci/run)
@@ -81,6 +81,12 @@ fi
 if [ "${EVENTFOLD_SKIP_KAFKA:-0}" = 1 ]; then fuzz_backends=embedded; else fuzz_backends=embedded,kafka; fi
 step "API fuzzing on $fuzz_backends (scripts/fuzz_api.py)"
 python3 scripts/fuzz_api.py --bin "${CARGO_TARGET_DIR:-target}/debug" --backends "$fuzz_backends"
+
+# Every page of the web console driven in a real browser against a running shop (Debian's
+# chromium, installed by the script when missing; Playwright pinned, into a venv under
+# ~/.cache/eventfold); it rewrites the screenshots in docs/console/.
+step "web console in headless Chromium (scripts/console_test.py)"
+python3 scripts/console_test.py --bin "${CARGO_TARGET_DIR:-target}/debug"
 
 # The benchmark suite in smoke mode: every scenario against eventfold and its peers (the
 # peers' own tests included), seconds each, so that `bench/run.py` keeps working. Debug

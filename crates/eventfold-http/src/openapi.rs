@@ -57,6 +57,7 @@ pub fn document(runtime: &Runtime, options: &HttpOptions) -> Value {
             {"name": "views", "description": "Rows of views by key and by index."},
             {"name": "process-managers", "description": "State and timers of one process manager key."},
             {"name": "operations", "description": "Health, readiness, metrics, cluster, this document."},
+            {"name": "console", "description": "The web console's page and assets (HTML; docs/console.md)."},
         ],
         "paths": paths,
         "components": components(),
@@ -313,6 +314,42 @@ impl Ctx<'_> {
                     ],
                 ),
             }),
+            ("GET", "/v1/aggregates") => json!({
+                "tags": ["aggregates"],
+                "operationId": "listAggregateTypes",
+                "summary": "The aggregate types of this service",
+                "responses": {"200": ok("The aggregate types, sorted.", "AggregateList")},
+            }),
+            ("GET", "/v1/views") => json!({
+                "tags": ["views"],
+                "operationId": "listViews",
+                "summary": "Every view: state, lag, applied offsets, version being built, indexes",
+                "responses": {"200": ok("The views, sorted by name.", "ViewList")},
+            }),
+            ("GET", "/v1/process-managers") => json!({
+                "tags": ["process-managers"],
+                "operationId": "listProcessManagers",
+                "summary": "Every process manager: state, lag, timers, commands outstanding",
+                "responses": {"200": ok("The process managers, sorted by name.", "ProcessManagerList")},
+            }),
+            ("GET", "/console") => json!({
+                "tags": ["console"],
+                "operationId": "getConsole",
+                "summary": "The web console's page (no data: it asks for a token and calls this API)",
+                "responses": console_answer("The page.", &["text/html"]),
+            }),
+            ("GET", "/console/{asset}") => json!({
+                "tags": ["console"],
+                "operationId": "getConsoleAsset",
+                "summary": "A script, style sheet or icon of the web console",
+                "parameters": [{"name": "asset", "in": "path", "required": true,
+                    "description": "The file's name.",
+                    "schema": {"type": "string", "enum": ["index.html", "console.js", "console.css", "icon.svg"]}}],
+                "responses": responses(
+                    console_answer("The file.", &["text/html", "text/javascript", "text/css", "image/svg+xml"]),
+                    &[(400, &["invalid_path"]), (404, &["not_found"])],
+                ),
+            }),
             ("GET", "/v1/cluster") => json!({
                 "tags": ["operations"],
                 "operationId": "getCluster",
@@ -415,6 +452,23 @@ impl Ctx<'_> {
             "schema": {"type": "array", "items": {"type": "string"}},
         })
     }
+}
+
+/// A console file's answers: 200 (as one of `media`) with its security headers, 304 for a
+/// current `ETag`.
+fn console_answer(description: &str, media: &[&str]) -> Value {
+    let headers = json!({
+        "Content-Security-Policy": {"required": true, "schema": {"type": "string"},
+            "description": format!("`{}`", crate::console::CONTENT_SECURITY_POLICY)},
+        "Cache-Control": {"required": true, "schema": {"const": "no-cache"}},
+        "ETag": {"required": true, "schema": {"type": "string"}},
+    });
+    json!({
+        "200": {"description": description, "headers": headers, "content": media.iter()
+            .map(|m| (m.to_string(), json!({"schema": {"type": "string"}})))
+            .collect::<Map<String, Value>>()},
+        "304": {"description": "Unchanged since the `ETag` sent in `If-None-Match`.", "headers": headers},
+    })
 }
 
 /// What the guard in front of every route adds to `op` (the route `r`): its role and
@@ -684,6 +738,72 @@ fn components() -> Value {
                     }},
                     "restoring": {"type": "integer", "description": "Partitions restoring here."},
                 },
+            },
+            "AggregateList": {
+                "type": "object",
+                "required": ["aggregates"],
+                "properties": {"aggregates": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["type", "partitions"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "partitions": {"type": "integer", "description": "Partitions of its topics."},
+                    },
+                }}},
+            },
+            "ViewList": {
+                "type": "object",
+                "required": ["views"],
+                "properties": {"views": {"type": "array", "items": {"$ref": "#/components/schemas/ViewReport"}}},
+            },
+            "ViewReport": {
+                "type": "object",
+                "required": ["view", "state", "lag", "position", "partitions", "version"],
+                "properties": {
+                    "view": {"type": "string", "description": "The view's name."},
+                    "state": {"type": "string", "enum": ["catching_up", "ready", "failed", "remote"]},
+                    "lag": {"type": "integer", "description": "Source events not applied yet, over the partitions served here."},
+                    "position": {"type": "string", "description": "What it has applied, as a position token."},
+                    "version": {"type": "integer", "description": "The projection version answering queries."},
+                    "partitions": {"type": "array", "description": "The partitions not ready, with `applied`, `end`, `lag`, `target`, `error`.",
+                                   "items": {"type": "object"}},
+                    "building": {"$ref": "#/components/schemas/ViewReport", "description": "A newer version being built side by side."},
+                    "source": {"type": "string", "description": "The source aggregate type."},
+                    "scope": {"type": "string", "enum": ["partitioned", "replicated"]},
+                    "indexes": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["name", "field", "kind", "unique"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "field": {"type": "string", "description": "JSON pointer into the row."},
+                            "kind": {"type": "string", "enum": ["string", "number", "timestamp"]},
+                            "unique": {"type": "boolean"},
+                        },
+                    }},
+                    "applied": {"type": "array", "description": "Next source offset to apply, per partition.", "items": {
+                        "type": "object",
+                        "required": ["partition", "offset"],
+                        "properties": {"partition": {"type": "integer"}, "offset": {"type": "integer"}},
+                    }},
+                },
+            },
+            "ProcessManagerList": {
+                "type": "object",
+                "required": ["process_managers"],
+                "properties": {"process_managers": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["name", "state", "lag", "reactions", "timers_pending", "timers_overdue", "commands_outstanding"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "state": {"type": "string", "enum": ["catching_up", "ready", "failed", "remote"]},
+                        "lag": {"type": "integer", "description": "Source events not read yet."},
+                        "reactions": {"type": "integer", "description": "Inputs reacted to since start."},
+                        "timers_pending": {"type": "integer"},
+                        "timers_overdue": {"type": "integer", "description": "Due more than a second ago and not fired yet."},
+                        "commands_outstanding": {"type": "integer", "description": "Sent and not answered yet."},
+                        "error": {"type": "string", "description": "Why it failed."},
+                    },
+                }}},
             },
             "Ready": {
                 "type": "object",

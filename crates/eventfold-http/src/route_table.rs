@@ -28,17 +28,25 @@ const ADMIN: Access = Access::Role(Role::Admin);
 /// OpenAPI document (`GET /openapi.json`) from it too, so a route cannot exist without
 /// being documented nor without a role; `tests/openapi.rs` checks the document against
 /// the running router and the sources. Reads need `read`, commands `write`, the cluster's
-/// internals (instances' addresses, owners, lag) `admin`; probes are open.
+/// internals (instances' addresses, owners, lag) `admin`; probes and the console's
+/// static files are open.
 pub const ROUTES: &[Route] = &[
     route("POST", "/v1/aggregates/{type}/{id}/commands", WRITE),
     route("GET", "/v1/aggregates/{type}/{id}", READ),
     route("GET", "/v1/aggregates/{type}/{id}/events", READ),
+    route("GET", "/v1/aggregates", READ),
+    route("GET", "/v1/views", READ),
     route("GET", "/v1/views/{view}", READ),
     route("GET", "/v1/views/{view}/{key}", READ),
+    route("GET", "/v1/process-managers", READ),
     route("GET", "/v1/process-managers/{name}/{key}", READ),
     route("GET", "/v1/cluster", ADMIN),
     route("GET", "/healthz", Access::Open),
     route("GET", "/readyz", Access::Open),
     route("GET", "/metrics", Access::Metrics),
     route("GET", "/openapi.json", READ),
+    // The console's page and assets hold no data: the page asks for a token and sends it
+    // with each API request, which the routes above check.
+    route("GET", "/console", Access::Open),
+    route("GET", "/console/{asset}", Access::Open),
 ];

@@ -218,6 +218,7 @@ fn concrete(template: &str) -> String {
         .replace("{view}", "totals")
         .replace("{name}", "tally")
         .replace("{key}", "c-1")
+        .replace("{asset}", "console.js")
 }
 
 /// The codes an error response's schema lists (its narrowing of `Error`).
@@ -740,6 +741,15 @@ async fn real_answers_have_their_status_headers_and_codes_in_the_document() {
         "/readyz",
         "/metrics",
         "/openapi.json",
+        "/v1/aggregates",
+        "/v1/views",
+        "/v1/process-managers",
+        "/console",
+        "/console/console.js",
+        "/console/console.css",
+        "/console/icon.svg",
+        "/console/nope.js",
+        "/console/%FF",
         "/nope",
         // Path segments that are not UTF-8: JSON errors too.
         "/v1/aggregates/counter/%FF",
@@ -758,6 +768,12 @@ async fn real_answers_have_their_status_headers_and_codes_in_the_document() {
         (StatusCode::BAD_REQUEST, &json!("invalid_path"))
     );
     answers.push(bad);
+    // The console's revalidation: 304 with its headers.
+    let page = s.get("/console").await;
+    let etag = page.headers["etag"].to_str().unwrap().to_owned();
+    let unchanged = s.call("GET", "/console", &[("If-None-Match", &etag)], None).await;
+    assert_eq!(unchanged.status, StatusCode::NOT_MODIFIED);
+    answers.push(unchanged);
     // The process manager reacts in the background.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let pm = loop {
