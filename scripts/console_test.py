@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+
+from shop_process import free_port, token_file, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYWRIGHT = "playwright==1.49.1"
@@ -72,12 +73,6 @@ def ensure_playwright() -> Path:
     return python
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def call(base: str, method: str, path: str, token: str | None, body: dict | None = None) -> tuple[int, dict]:
     headers = {"Content-Type": "application/json"}
     if token:
@@ -89,31 +84,6 @@ def call(base: str, method: str, path: str, token: str | None, body: dict | None
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
-
-
-def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the shop exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the shop was not ready at {base}/readyz within {timeout:.0f} s")
-
-
-def token_file(shop: Path, data: Path) -> Path:
-    lines = []
-    for name, role, token in (("console-admin", "admin", ADMIN), ("console-reader", "read", READER)):
-        lines.append(subprocess.run([str(shop), "auth", "hash-token", name, role], input=token + "\n",
-                                    capture_output=True, text=True, check=True).stdout.strip())
-    path = data / "tokens"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def seed(base: str) -> None:
@@ -349,7 +319,7 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     data = Path(tempfile.mkdtemp(prefix="eventfold-console-"))
     cmd = [str(shop), "--http", f"127.0.0.1:{port}", "--data-dir", str(data / "shop"), "--partitions", "2",
-           "--auth-tokens", str(token_file(shop, data))]
+           "--auth-tokens", str(token_file(shop, data, [("console-admin", "admin", ADMIN), ("console-reader", "read", READER)]))]
     log(f"starting {' '.join(cmd)}")
     shop_log = open(data / "shop.log", "wb")
     proc = subprocess.Popen(cmd, stdout=shop_log, stderr=subprocess.STDOUT)

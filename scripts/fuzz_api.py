@@ -16,7 +16,6 @@ Exits non-zero when a check fails; the failing requests are printed as curl comm
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+
+from shop_process import free_port, token_file, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMATHESIS = "schemathesis==4.32.5"
@@ -59,39 +60,10 @@ def schemathesis() -> Path:
     return exe
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the shop exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the shop was not ready at {base}/readyz within {timeout:.0f} s")
-
-
 # The shop is fuzzed as a secured deployment: bearer tokens on, the fuzzer sending an admin
 # token, so the document's `Authorization` header is required and a request without it or
 # with another gets 401 (checked too). Test credential, generated per run.
 TOKEN = uuid.uuid4().hex
-
-
-def token_file(shop: Path, data: Path) -> Path:
-    path = data / "tokens"
-    line = subprocess.run([str(shop), "auth", "hash-token", "fuzz", "admin"], input=TOKEN + "\n",
-                          capture_output=True, text=True, check=True).stdout
-    path.write_text(line)
-    return path
 
 
 def seed(base: str) -> None:
@@ -112,7 +84,7 @@ def fuzz(args, backend: str, exe: Path) -> int:
     base = f"http://127.0.0.1:{port}"
     data = Path(tempfile.mkdtemp(prefix=f"eventfold-fuzz-{backend}-"))
     cmd = [str(args.bin / "shop"), "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--partitions", "2",
-           "--auth-tokens", str(token_file(args.bin / "shop", data))]
+           "--auth-tokens", str(token_file(args.bin / "shop", data, [("fuzz", "admin", TOKEN)]))]
     if backend == "kafka":
         bootstrap = os.environ.get("EVENTFOLD_KAFKA_BOOTSTRAP")
         if not bootstrap:
